@@ -1,0 +1,626 @@
+#!/usr/bin/python3
+"""Side-by-side benchmark: the raw ZMQ floor vs jupyter_server (the peer) vs kgate.
+
+usage: bench/run.sh [-h]            (run via run.sh; it calls this file with /usr/bin/python3)
+
+Environment:
+  KGATE_BIN      kgate binary           (default /work/main/build/gateway/kgate)
+  BENCH_N        execute round trips    (default 200)
+  BENCH_MB       flood size, megabytes  (default 20)
+  BENCH_REPS     latency repetitions, interleaved direct/peer/kgate (default 2)
+  BENCH_COLD     kgate cold starts, median reported (default 5)
+  BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
+  BENCH_BUDGET   total time budget, seconds (default 280)
+  BENCH_OUT      results JSON           (default bench/results/latest.json)
+  WSBENCH        shared benchmark script (default /work/shared/bench/wsbench.py)
+  BENCH_KEEP_TMP=1  keep the temp dir (server logs) for inspection
+
+Every server, benchmark client and kernel this script starts is stopped on exit, error,
+Ctrl-C or SIGTERM: each runs in its own session (process group); before a group is killed
+its descendants are collected, and a final sweep kills anything whose command line names
+this run's private temp dir (every kernel's connection file lives there).
+"""
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+WSBENCH = os.environ.get("WSBENCH", "/work/shared/bench/wsbench.py")
+KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", "/work/main/build/gateway/kgate"))
+N = int(os.environ.get("BENCH_N", "200"))
+MB = int(os.environ.get("BENCH_MB", "20"))
+REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
+COLD = max(1, int(os.environ.get("BENCH_COLD", "5")))
+PEER_COLD = max(2, int(os.environ.get("BENCH_PEER_COLD", "3")))
+BUDGET = float(os.environ.get("BENCH_BUDGET", "280"))
+OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "results", "latest.json"))
+KEEP_TMP = os.environ.get("BENCH_KEEP_TMP") == "1"
+
+T_START = time.monotonic()
+POLL = 0.005            # cold-start poll interval (5 ms)
+START_TIMEOUT = 30.0    # a server that has not answered GET /api by then failed to start
+
+
+def log(*a):
+    print("[bench %6.1fs]" % (time.monotonic() - T_START), *a, file=sys.stderr, flush=True)
+
+
+def remaining():
+    return BUDGET - (time.monotonic() - T_START)
+
+
+class StepError(Exception):
+    pass
+
+
+class OutOfTime(StepError):
+    pass
+
+
+def budget(want):
+    """A timeout for the next step: `want` seconds, cut to what the total budget leaves."""
+    left = remaining()
+    if left < 5:
+        raise OutOfTime("skipped: total time budget (BENCH_BUDGET=%gs) used up" % BUDGET)
+    return min(want, left)
+
+
+# ---------------------------------------------------------------- processes
+
+def _proc_table():
+    """pid -> (ppid, starttime) for every visible process."""
+    table = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                s = f.read()
+        except OSError:
+            continue
+        rest = s[s.rfind(")") + 2:].split()
+        table[int(d)] = (int(rest[1]), rest[19])   # ppid, starttime (fields 4 and 22)
+    return table
+
+
+def descendants(pid):
+    """[(pid, starttime)] of every live descendant of pid (children, grandchildren, ...)."""
+    table = _proc_table()
+    kids = {}
+    for p, (pp, _) in table.items():
+        kids.setdefault(pp, []).append(p)
+    out, todo = [], [pid]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out.append((c, table[c][1]))
+            todo.append(c)
+    return out
+
+
+def _same_process(pid, starttime):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            s = f.read()
+    except OSError:
+        return False
+    return s[s.rfind(")") + 2:].split()[19] == starttime
+
+
+def kill_tree(popen, grace=5.0):
+    """Stop popen's process group (SIGTERM, then SIGKILL after `grace` s) and every descendant,
+    including kernels that moved to process groups of their own."""
+    if popen is None:
+        return
+    kids = descendants(popen.pid) if popen.poll() is None else []
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)   # leftovers in the group, or the leader itself
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    # descendants the server did not shut down itself (kernels sit in their own sessions)
+    deadline = time.monotonic() + 2.0
+    while True:
+        alive = [(p, st) for p, st in kids if _same_process(p, st)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for p, st in alive:
+        if _same_process(p, st):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def sweep(marker):
+    """Kill every process of ours whose command line contains marker (this run's temp dir)."""
+    me = os.getpid()
+    killed = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open("/proc/%s/cmdline" % d, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd:
+            try:
+                os.kill(int(d), signal.SIGKILL)
+                killed.append((int(d), cmd.strip()[:120]))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024.0, 1)
+    raise StepError("no VmRSS for pid %d" % pid)
+
+
+def cpu_s(pid):
+    """utime + stime of one process (not its children), seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, n=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- servers
+
+class Server:
+    """One gateway process (jupyter_server or kgate) with its own dirs, port and token."""
+
+    def __init__(self, kind, tmp, label, extra_args=()):
+        self.kind, self.label = kind, label
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.root = tempfile.mkdtemp(prefix=label + "-", dir=tmp)
+        self.log_path = os.path.join(self.root, "server.log")
+        self.env = private_env(self.root)
+        if kind == "peer":
+            self.argv = [PY, "-m", "jupyter_server", "--allow-root", "--no-browser",
+                         "--port=%d" % self.port, "--ServerApp.port_retries=0",
+                         "--ServerApp.token=" + self.token, "--ServerApp.password=",
+                         "--ServerApp.disable_check_xsrf=True", *extra_args]
+        else:
+            self.argv = [KGATE_BIN, "serve", "--ip", "127.0.0.1", "--port", str(self.port),
+                         "--token", self.token, *extra_args]
+        self.proc = None
+        self.cold_start_ms = None
+
+    def start(self):
+        """Spawn and poll GET /api every 5 ms; cold start = spawn -> first 200."""
+        logf = open(self.log_path, "wb")
+        req = urllib.request.Request(self.url + "/api", headers={"Authorization": "token " + self.token})
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(self.argv, cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
+                                         stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            logf.close()
+            raise StepError("%s: cannot spawn %s: %s" % (self.label, self.argv[0], e))
+        finally:
+            logf.close()
+        last = None
+        while True:
+            try:
+                with urllib.request.urlopen(req, timeout=2) as r:
+                    if r.status == 200:
+                        r.read()
+                        self.cold_start_ms = (time.perf_counter() - t0) * 1e3
+                        return self.cold_start_ms
+                    last = "HTTP %d" % r.status
+            except urllib.error.HTTPError as e:
+                last = "HTTP %d" % e.code
+            except (urllib.error.URLError, OSError) as e:
+                last = str(getattr(e, "reason", e))
+            if self.proc.poll() is not None:
+                raise StepError("%s exited with status %s before answering GET /api (last: %s); log tail:\n%s"
+                                % (self.label, self.proc.returncode, last, tail(self.log_path)))
+            if time.perf_counter() - t0 > START_TIMEOUT:
+                raise StepError("%s: no 200 on GET %s/api within %gs (last: %s); log tail:\n%s"
+                                % (self.label, self.url, START_TIMEOUT, last, tail(self.log_path)))
+            time.sleep(POLL)
+
+    def rest(self, method, path, body=None, timeout=30):
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": "token " + self.token,
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            data = r.read()
+            return json.loads(data) if data else None
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:  # polite first: leave no kernels behind
+                for k in self.rest("GET", "/api/kernels", timeout=5) or []:
+                    try:
+                        self.rest("DELETE", "/api/kernels/" + k["id"], timeout=10)
+                    except Exception as e:
+                        log("%s: DELETE kernel %s failed: %s" % (self.label, k.get("id"), e))
+            except Exception as e:
+                log("%s: GET /api/kernels failed at stop: %s" % (self.label, e))
+        kill_tree(self.proc)
+        self.proc = None
+
+
+def private_env(root):
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTER_CONFIG_DIR", "config"),
+                     ("JUPYTER_DATA_DIR", "data")):
+        env[var] = os.path.join(root, sub)
+        os.makedirs(env[var], exist_ok=True)
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    env["JUPYTER_NO_CONFIG"] = "1"
+    env.pop("JUPYTER_PATH", None)
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    return env
+
+
+def kernel_rss(server):
+    """(rss MB with no kernels, rss MB with one idle kernel) of the server process itself."""
+    import websocket
+    time.sleep(0.5)
+    idle = rss_mb(server.proc.pid)
+    k = server.rest("POST", "/api/kernels", {"name": "python3"}, timeout=budget(60))
+    kid = k["id"]
+    try:
+        ws = websocket.create_connection(server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % kid,
+                                         header=["Authorization: token " + server.token], timeout=budget(60))
+        try:
+            # a kernel_info round trip proves the kernel is up and idle
+            deadline = time.monotonic() + 60
+            while True:
+                mid = uuid.uuid4().hex
+                ws.send(json.dumps({"header": {"msg_id": mid, "msg_type": "kernel_info_request", "session": mid,
+                                               "username": "bench", "version": "5.3", "date": ""},
+                                    "parent_header": {}, "metadata": {}, "content": {}, "channel": "shell"}))
+                ws.settimeout(5)
+                try:
+                    while True:
+                        m = json.loads(ws.recv())
+                        if m.get("msg_type") == "kernel_info_reply" and m.get("parent_header", {}).get("msg_id") == mid:
+                            break
+                    break
+                except websocket.WebSocketTimeoutException:
+                    if time.monotonic() > deadline:
+                        raise StepError("%s: no kernel_info_reply within 60 s" % server.label)
+        finally:
+            ws.close()
+        time.sleep(1.0)
+        one = rss_mb(server.proc.pid)
+    finally:
+        try:
+            server.rest("DELETE", "/api/kernels/" + kid, timeout=30)
+        except Exception as e:
+            log("%s: DELETE kernel %s failed: %s" % (server.label, kid, e))
+    return idle, one
+
+
+# ---------------------------------------------------------------- wsbench
+
+def wsbench(env, cwd, args, want_timeout, watch=None):
+    """Run the shared wsbench.py, return its JSON lines merged into one dict (plus, with watch=a
+    Server, "gateway_cpu_s": that server process's own CPU seconds over the run)."""
+    timeout = budget(want_timeout)
+    cpu0 = cpu_s(watch.proc.pid) if watch else None
+    p = subprocess.Popen([PY, WSBENCH, *map(str, args)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(p, grace=2)
+        raise StepError("wsbench %s: timed out after %.0fs" % (" ".join(map(str, args[:1])), timeout))
+    finally:
+        if p.poll() is None:
+            kill_tree(p, grace=2)
+    res = {}
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                res.update(json.loads(line))
+            except ValueError:
+                pass
+    if p.returncode != 0 or not res:
+        raise StepError("wsbench %s exited %s; stderr tail:\n%s" % (args[0], p.returncode,
+                                                                   "\n".join(err.strip().splitlines()[-15:])))
+    if watch:
+        if watch.proc.poll() is not None:
+            raise StepError("%s exited with status %s during wsbench %s; log tail:\n%s"
+                            % (watch.label, watch.proc.returncode, args[0], tail(watch.log_path)))
+        res["gateway_cpu_s"] = round(cpu_s(watch.proc.pid) - cpu0, 3)
+    return res
+
+
+# ---------------------------------------------------------------- the run
+
+def main():
+    if len(sys.argv) > 1:
+        print(__doc__.strip())
+        return 0 if sys.argv[1] in ("-h", "--help") else 2
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    for f in (WSBENCH, PY):
+        if not os.path.exists(f):
+            print("bench: missing %s" % f, file=sys.stderr)
+            return 2
+    have_kgate = os.access(KGATE_BIN, os.X_OK)
+
+    tmp = tempfile.mkdtemp(prefix="kgate-bench-")
+    bench_env = private_env(os.path.join(tmp, "client"))
+    R = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+                  "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS,
+                  "kgate_cold_starts": COLD, "peer_cold_starts": PEER_COLD, "kgate_bin": KGATE_BIN,
+                  "wsbench": WSBENCH, "versions": versions(),
+                  "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
+                                  if have_kgate else None)},
+         "direct": {"latency": []}, "peer": {"latency": [], "cold_start_ms": []},
+         "kgate": {"latency": [], "cold_start_ms": []}, "errors": []}
+    live = []          # servers to stop in the end
+    interrupted = False
+
+    def step(name, fn, *a):
+        try:
+            return fn(*a)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
+            log("FAILED %s: %s" % (name, msg))
+            R["errors"].append({"step": name, "error": msg})
+            return None
+
+    def start(kind, label, extra=()):
+        budget(START_TIMEOUT)  # no new server once the time budget is (nearly) used up
+        s = Server(kind, tmp, label, extra)
+        live.append(s)
+        log("starting %s on %s" % (label, s.url))
+        ms = s.start()
+        log("%s answered GET /api after %.1f ms" % (label, ms))
+        return s
+
+    def stop(s):
+        if s is not None:
+            s.stop()
+            if s in live:
+                live.remove(s)
+
+    try:
+        unlimited = ("--ServerApp.iopub_data_rate_limit=0", "--ServerApp.iopub_msg_rate_limit=0")
+        # 1. the peer: extra throwaway cold starts first, then the one (defaults) we keep
+        for i in range(PEER_COLD - 2):
+            s = step("peer cold start %d" % (i + 1), start, "peer", "peer-cold%d" % i)
+            if s:
+                R["peer"]["cold_start_ms"].append(round(s.cold_start_ms, 1))
+            stop(s)
+        peer = step("peer start (defaults)", start, "peer", "peer-defaults")
+        if peer:
+            R["peer"]["cold_start_ms"].append(round(peer.cold_start_ms, 1))
+            r = step("peer RSS", kernel_rss, peer)
+            if r:
+                R["peer"]["rss_idle_mb"], R["peer"]["rss_one_kernel_mb"] = r
+
+        # 2. kgate: COLD cold starts, keep the last one running
+        kg = None
+        if not have_kgate:
+            R["errors"].append({"step": "kgate", "error": "%s is missing or not executable" % KGATE_BIN})
+        else:
+            for i in range(COLD):
+                s = step("kgate cold start %d" % (i + 1), start, "kgate", "kgate-%d" % i)
+                if s:
+                    R["kgate"]["cold_start_ms"].append(round(s.cold_start_ms, 1))
+                if i < COLD - 1:
+                    stop(s)
+                else:
+                    kg = s
+            if kg:
+                r = step("kgate RSS", kernel_rss, kg)
+                if r:
+                    R["kgate"]["rss_idle_mb"], R["kgate"]["rss_one_kernel_mb"] = r
+
+        # 3. execute round trips, interleaved so drift hits all three alike
+        for rep in range(REPS):
+            log("latency rep %d/%d: direct" % (rep + 1, REPS))
+            r = step("direct latency", wsbench, bench_env, tmp, ["direct", N], 120)
+            if r:
+                R["direct"]["latency"].append(r)
+            if peer:
+                log("latency rep %d/%d: jupyter_server" % (rep + 1, REPS))
+                r = step("peer latency", wsbench, bench_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
+                if r:
+                    R["peer"]["latency"].append(r)
+            if kg:
+                log("latency rep %d/%d: kgate" % (rep + 1, REPS))
+                r = step("kgate latency", wsbench, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
+                if r:
+                    R["kgate"]["latency"].append(r)
+
+        # 4. floods
+        log("flood %d MB: direct" % MB)
+        R["direct"]["flood"] = step("direct flood", wsbench, bench_env, tmp, ["direct-flood", MB], 150)
+        if peer:
+            log("flood %d MB: jupyter_server (default rate limits)" % MB)
+            R["peer"]["flood_default"] = step("peer flood (defaults)", wsbench, bench_env, tmp,
+                                              ["flood", peer.url, peer.token, MB], 150, peer)
+            stop(peer)
+            peer = None
+        peer2 = step("peer start (unlimited)", start, "peer", "peer-unlimited", unlimited)
+        if peer2:
+            R["peer"]["cold_start_ms"].append(round(peer2.cold_start_ms, 1))
+            log("flood %d MB: jupyter_server (rate limits lifted)" % MB)
+            R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", wsbench, bench_env, tmp,
+                                                ["flood", peer2.url, peer2.token, MB], 150, peer2)
+            stop(peer2)
+        if kg:
+            log("flood %d MB: kgate" % MB)
+            R["kgate"]["flood"] = step("kgate flood", wsbench, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
+            if kg.proc.poll() is not None:
+                R["errors"].append({"step": "kgate", "error": "kgate exited with status %s during the run; log tail:\n%s"
+                                    % (kg.proc.returncode, tail(kg.log_path))})
+    except KeyboardInterrupt as e:
+        interrupted = True
+        log("interrupted (%s): stopping everything" % (str(e) or "Ctrl-C"))
+    finally:
+        for s in list(live):
+            try:
+                s.stop()
+            except Exception as e:
+                log("stopping %s: %s" % (s.label, e))
+        killed = sweep(tmp)
+        if killed:
+            log("swept %d leftover process(es): %s" % (len(killed), killed))
+            R["meta"]["swept_leftovers"] = killed
+        if KEEP_TMP:
+            log("temp dir kept: %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    R["meta"]["seconds"] = round(time.monotonic() - T_START, 1)
+    R["summary"] = summarize(R)
+    out = OUT
+    if interrupted:  # keep the last complete run's figures; partial ones go beside them
+        out = os.path.join(os.path.dirname(OUT), "interrupted.json")
+        R["meta"]["interrupted"] = True
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".tmp", "w") as f:
+        json.dump(R, f, indent=2)
+    os.replace(out + ".tmp", out)
+    print_table(R)
+    print("\nraw results: %s   (total %.0f s)" % (os.path.relpath(out), R["meta"]["seconds"]))
+    if R["errors"]:
+        print("\nerrors:")
+        for e in R["errors"]:
+            print("  - %s: %s" % (e["step"], e["error"].replace("\n", "\n      ")))
+    if interrupted:
+        return 130
+    return 1 if R["errors"] else 0
+
+
+def versions():
+    from importlib import metadata
+    out = {"python": platform.python_version()}
+    for pkg in ("jupyter_server", "jupyter_client", "ipykernel", "pyzmq", "websocket-client", "tornado"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except Exception:
+            out[pkg] = None
+    return out
+
+
+# ---------------------------------------------------------------- summary
+
+def _mid(runs, key):
+    """Median across repetitions of one wsbench statistic (the mean when there are two)."""
+    vals = [r[key] for r in runs if r and key in r]
+    return round(statistics.median(vals)) if vals else None
+
+
+def summarize(R):
+    d, p, k = R["direct"], R["peer"], R["kgate"]
+    df, pd, pu, kf = (d.get("flood") or {}), (p.get("flood_default") or {}), (p.get("flood_unlimited") or {}), (k.get("flood") or {})
+    med = lambda xs: round(statistics.median(xs), 1) if xs else None
+    cpu_lat = lambda runs: (round(statistics.median([r["gateway_cpu_s"] for r in runs if "gateway_cpu_s" in r]) * 1e3)
+                            if any("gateway_cpu_s" in r for r in runs) else None)
+    cpu_ms = lambda r: round(r["gateway_cpu_s"] * 1e3) if "gateway_cpu_s" in r else None
+    rows = [  # (metric, format, direct, peer, kgate)
+        ("execute round trip, median (µs)", "int", _mid(d["latency"], "median_us"), _mid(p["latency"], "median_us"), _mid(k["latency"], "median_us")),
+        ("execute round trip, p90 (µs)", "int", _mid(d["latency"], "p90_us"), _mid(p["latency"], "p90_us"), _mid(k["latency"], "p90_us")),
+        ("gateway CPU over one latency run (ms)", "int", None, cpu_lat(p["latency"]), cpu_lat(k["latency"])),
+        ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
+        ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),
+        ("%d MB flood, gateway CPU (ms) (peer: unlimited)" % MB, "int", None, cpu_ms(pu), cpu_ms(kf)),
+        ("%d MB flood, seconds (peer: default rate limits)*" % MB, "s", df.get("seconds"), pd.get("seconds"), kf.get("seconds")),
+        ("%d MB flood, bytes received (peer: default rate limits)*" % MB, "int", df.get("received_bytes"), pd.get("received_bytes"), kf.get("received_bytes")),
+        ("cold start to first GET /api 200, median (ms)", "1", None, med(p["cold_start_ms"]), med(k["cold_start_ms"])),
+        ("idle RSS, no kernels (MB)", "1", None, p.get("rss_idle_mb"), k.get("rss_idle_mb")),
+        ("idle RSS, one idle kernel (MB, gateway only)", "1", None, p.get("rss_one_kernel_mb"), k.get("rss_one_kernel_mb")),
+    ]
+    out = []
+    for name, fmt, dv, pv, kv in rows:
+        out.append({"metric": name, "format": fmt, "direct": dv, "peer": pv, "kgate": kv,
+                    "kgate_over_direct": round(kv / dv, 3) if kv is not None and dv else None,
+                    # * the rate-limited peer drops most output, so kgate/peer compares unlike work there
+                    "kgate_over_peer": round(kv / pv, 3) if kv is not None and pv and not name.endswith("*") else None})
+    return out
+
+
+def _fmt(v, fmt):
+    if v is None:
+        return "—"
+    if fmt == "s":
+        return "%.3f" % v
+    if fmt == "1":
+        return "%.1f" % v
+    return "{:,}".format(int(round(v)))
+
+
+def print_table(R):
+    hdr = ["metric", "direct (floor)", "jupyter_server (peer)", "kgate", "kgate/direct", "kgate/peer"]
+    rows = [[r["metric"], _fmt(r["direct"], r["format"]), _fmt(r["peer"], r["format"]), _fmt(r["kgate"], r["format"]),
+             "—" if r["kgate_over_direct"] is None else "%.2f×" % r["kgate_over_direct"],
+             "—" if r["kgate_over_peer"] is None else "%.2f×" % r["kgate_over_peer"]] for r in R["summary"]]
+    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(cells)) + " |"
+    m = R["meta"]
+    print("\nkgate benchmark  N=%d round trips x %d reps, %d MB flood, %s cpus, %s"
+          % (m["N"], m["reps"], m["MB"], m["cpus"], m["date"]))
+    print(line(hdr))
+    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i else ("-" * (w[i] + 2)) for i in range(len(hdr))) + "|")
+    for r in rows:
+        print(line(r))
+    print("* jupyter_server's default iopub rate limits drop most of the flood, so no kgate/peer ratio there.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,11 @@
+# Every third-party dependency, from Debian packages (scripts/bootstrap.sh installs them).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq>=4.3)
+find_package(cppzmq QUIET)
+find_package(OpenSSL 3.0 REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(spdlog 1.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(Boost 1.74 REQUIRED COMPONENTS system)
+pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus>=3.2)

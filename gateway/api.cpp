@@ -1,0 +1,474 @@
+// The REST surface: /api, /api/status, /api/kernels..., /api/kernelspecs..., /kernelspecs/...
+#include "api.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
+
+#include "kgate/version.hpp"
+#include "server.hpp"
+
+namespace kgate::gw {
+
+namespace {
+
+std::string reason_phrase(http::status s) { return std::string(http::obsolete_reason(s)); }
+
+json model_json(const KernelModel& m) {
+  json j = {{"id", m.id},
+            {"name", m.name},
+            {"last_activity", m.last_activity},
+            {"execution_state", m.execution_state},
+            {"connections", m.connections}};
+  if (!m.reason.empty()) j["reason"] = m.reason;
+  return j;
+}
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+
+std::vector<std::string> split_path(std::string_view path) {
+  std::vector<std::string> parts;
+  std::size_t i = 0;
+  while (i < path.size()) {
+    while (i < path.size() && path[i] == '/') ++i;
+    if (i >= path.size()) break;
+    auto j = path.find('/', i);
+    if (j == std::string_view::npos) j = path.size();
+    parts.emplace_back(path.substr(i, j - i));
+    i = j;
+  }
+  return parts;
+}
+
+int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool percent_decode(std::string_view in, std::string& out, bool plus_is_space) {
+  out.clear();
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    char c = in[i];
+    if (c == '%') {
+      if (i + 2 >= in.size()) return false;
+      int h = hexval(in[i + 1]), l = hexval(in[i + 2]);
+      if (h < 0 || l < 0) return false;
+      out.push_back(char(h * 16 + l));
+      i += 2;
+    } else if (c == '+' && plus_is_space) {
+      out.push_back(' ');
+    } else {
+      out.push_back(c);
+    }
+  }
+  return true;
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// host[:port] -> host, lowercased, brackets kept for IPv6.
+std::string host_only(std::string_view hostport) {
+  std::string h(hostport);
+  for (auto& c : h) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (!h.empty() && h[0] == '[') {
+    auto e = h.find(']');
+    return e == std::string::npos ? h : h.substr(0, e + 1);
+  }
+  auto colon = h.find(':');
+  return colon == std::string::npos ? h : h.substr(0, colon);
+}
+
+bool is_loopback_name(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || starts_with(host, "127.") ||
+         (host.size() > 10 && host.substr(host.size() - 10) == ".localhost");
+}
+
+bool is_loopback_bind(const std::string& ip) {
+  return ip == "localhost" || ip == "::1" || starts_with(ip, "127.");
+}
+
+struct CwdResult {
+  std::filesystem::path cwd;
+  std::string error;
+};
+
+CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std::string, std::string>& env) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (auto it = body.find("cwd"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return {{}, "\"cwd\" must be a string"};
+    fs::path p = it->get<std::string>();
+    if (!fs::is_directory(p, ec)) return {{}, "cwd " + p.string() + " is not a directory"};
+    return {p, {}};
+  }
+  if (auto it = env.find("KERNEL_WORKING_DIR"); it != env.end() && !it->second.empty()) {
+    fs::path p = it->second;
+    if (fs::is_directory(p, ec)) return {p, {}};
+    spdlog::info("KERNEL_WORKING_DIR {} does not exist here; ignored", p.string());
+  }
+  if (auto it = body.find("path"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return {{}, "\"path\" must be a string"};
+    fs::path rel = it->get<std::string>();
+    fs::path p = rel.is_absolute() ? rel : server.options().root_dir / rel;
+    // A notebook path names a file: walk up to the nearest existing directory.
+    while (!p.empty() && !fs::is_directory(p, ec)) {
+      if (p == p.parent_path()) break;
+      p = p.parent_path();
+    }
+    if (fs::is_directory(p, ec)) return {p, {}};
+  }
+  return {{}, {}};
+}
+
+void api_kernels_post(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
+  json body = json::object();
+  if (!req.body().empty()) {
+    body = json::parse(req.body(), nullptr, false);
+    if (body.is_discarded() || !body.is_object()) {
+      respond(json_error(req, http::status::bad_request, "The request body must be a JSON object"));
+      return;
+    }
+  }
+  const auto& opts = server.options();
+  auto scan = server.kernelspecs();
+  std::string name = server.default_kernelspec(scan);
+  if (auto it = body.find("name"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      respond(json_error(req, http::status::bad_request, "\"name\" must be a string"));
+      return;
+    }
+    if (!it->get_ref<const std::string&>().empty()) name = it->get<std::string>();
+  }
+  std::string lname = name;
+  for (auto& c : lname) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (lname == "python" && !scan.specs.count("python") && scan.specs.count("python3")) lname = "python3";
+  if (!scan.specs.count(lname)) {
+    respond(json_error(req, http::status::not_found, "No such kernel named " + name));
+    return;
+  }
+  std::map<std::string, std::string> env;
+  if (auto it = body.find("env"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      respond(json_error(req, http::status::bad_request, "\"env\" must be an object of strings"));
+      return;
+    }
+    bool whole = opts.env_policy == EnvPolicy::all ||
+                 (opts.env_policy == EnvPolicy::automatic && ctx.peer_loopback);
+    for (auto& [k, v] : it->items()) {
+      if (!v.is_string()) {
+        respond(json_error(req, http::status::bad_request, "env value of " + k + " must be a string"));
+        return;
+      }
+      bool allowed = whole || starts_with(k, "KERNEL_") ||
+                     std::find(opts.env_allow.begin(), opts.env_allow.end(), k) != opts.env_allow.end();
+      if (allowed) env[k] = v.get<std::string>();
+    }
+  }
+  auto cwd = resolve_cwd(server, body, env);
+  if (!cwd.error.empty()) {
+    respond(json_error(req, http::status::bad_request, cwd.error));
+    return;
+  }
+  StartRequest sr;
+  sr.spec_name = lname;
+  sr.env = std::move(env);
+  sr.cwd = cwd.cwd;
+  auto keep_alive = req.keep_alive();
+  auto version = req.version();
+  std::string base = opts.base_url;
+  server.manager().start(std::move(sr), [&server, respond, keep_alive, version, base](StartResult r) {
+    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, &server] {
+      Request fake;
+      fake.version(version);
+      fake.keep_alive(keep_alive);
+      if (!r.kernel) {
+        respond(json_error(fake, http::status::internal_server_error, "Kernel failed to start: " + r.error));
+        return;
+      }
+      server.touch();
+      Response res = json_response(fake, http::status::created, model_json(r.kernel->model()).dump());
+      res.set(http::field::location, base + "api/kernels/" + r.kernel->id());
+      respond(std::move(res));
+    });
+  });
+}
+
+void api_kernel_action(Server& server, const Request& req, const std::string& id,
+                       const std::string& action, Respond respond) {
+  auto keep_alive = req.keep_alive();
+  auto version = req.version();
+  auto reply = [&server, respond, keep_alive, version](http::status st, std::string body) {
+    net::post(server.ioc(), [respond, keep_alive, version, st, body = std::move(body)] {
+      Request fake;
+      fake.version(version);
+      fake.keep_alive(keep_alive);
+      if (st == http::status::no_content) {
+        Response res{st, version};
+        res.keep_alive(keep_alive);
+        res.set(http::field::server, "kgate/" KGATE_VERSION);
+        respond(std::move(res));
+      } else if (st == http::status::ok) {
+        respond(json_response(fake, st, body));
+      } else {
+        respond(json_error(fake, st, body));
+      }
+    });
+  };
+  std::string missing = "Kernel does not exist: " + id;
+  if (action == "delete") {
+    server.manager().shutdown(id, [reply, missing](bool ok) {
+      reply(ok ? http::status::no_content : http::status::not_found, ok ? "" : missing);
+    });
+  } else if (action == "interrupt") {
+    server.manager().interrupt(id, [reply, missing](bool ok) {
+      reply(ok ? http::status::no_content : http::status::not_found, ok ? "" : missing);
+    });
+  } else {
+    server.manager().restart(id, [reply, missing](StartResult r) {
+      if (r.kernel)
+        reply(http::status::ok, model_json(r.kernel->model()).dump());
+      else if (r.error.empty())
+        reply(http::status::not_found, missing);
+      else
+        reply(http::status::internal_server_error, "Exception restarting kernel: " + r.error);
+    });
+  }
+}
+
+json kernelspec_json(const Server& server, const KernelSpec& spec) {
+  json resources = json::object();
+  for (auto& [key, file] : spec.resources())
+    resources[key] = server.options().base_url + "kernelspecs/" + spec.name + "/" + file;
+  return {{"name", spec.name}, {"spec", spec.spec_json()}, {"resources", resources}};
+}
+
+std::string content_type_for(const std::string& file) {
+  auto dot = file.rfind('.');
+  std::string ext = dot == std::string::npos ? "" : file.substr(dot + 1);
+  if (ext == "png") return "image/png";
+  if (ext == "svg") return "image/svg+xml";
+  if (ext == "js") return "application/javascript";
+  if (ext == "css") return "text/css";
+  if (ext == "json") return "application/json";
+  return "application/octet-stream";
+}
+
+Response method_not_allowed(const Request& req, const char* allow) {
+  Response res = json_error(req, http::status::method_not_allowed,
+                            std::string(req.method_string()) + " is not allowed here");
+  res.set(http::field::allow, allow);
+  return res;
+}
+
+}  // namespace
+
+Response json_response(const Request& req, http::status status, const std::string& body) {
+  Response res{status, req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::content_type, "application/json");
+  res.set(http::field::cache_control, "no-store");
+  res.keep_alive(req.keep_alive());
+  res.body() = body;
+  res.prepare_payload();
+  return res;
+}
+
+Response json_error(const Request& req, http::status status, const std::string& message) {
+  json j = {{"message", message}, {"reason", reason_phrase(status)}};
+  return json_response(req, status, j.dump());
+}
+
+bool split_target(std::string_view target, std::string& path, std::string& query) {
+  auto q = target.find('?');
+  std::string_view raw = target.substr(0, q);
+  query = q == std::string_view::npos ? "" : std::string(target.substr(q + 1));
+  return percent_decode(raw, path, false);
+}
+
+std::string query_param(std::string_view query, std::string_view key) {
+  std::size_t i = 0;
+  while (i <= query.size()) {
+    auto amp = query.find('&', i);
+    if (amp == std::string_view::npos) amp = query.size();
+    auto kv = query.substr(i, amp - i);
+    auto eq = kv.find('=');
+    std::string k, v;
+    if (percent_decode(kv.substr(0, eq), k, true) && k == key) {
+      if (eq == std::string_view::npos) return "";
+      if (percent_decode(kv.substr(eq + 1), v, true)) return v;
+      return "";
+    }
+    i = amp + 1;
+  }
+  return "";
+}
+
+std::optional<Response> check_request(const Server& server, const Request& req) {
+  const auto& opts = server.options();
+  std::string host = host_only(req[http::field::host]);
+  // DNS rebinding: a loopback server answers only to loopback names (or configured ones).
+  if (is_loopback_bind(opts.ip) && !host.empty() && !is_loopback_name(host) &&
+      std::find(opts.allow_hosts.begin(), opts.allow_hosts.end(), host) == opts.allow_hosts.end()) {
+    spdlog::warn("refused {} {}: Host {} is not a loopback name", std::string(req.method_string()),
+                 std::string(req.target().substr(0, req.target().find('?'))), host);
+    return json_error(req, http::status::forbidden,
+                      "Host " + host + " is not allowed (add it to allow_hosts in kgate.toml)");
+  }
+  // Browser CSRF: a page from another origin may not drive the API.
+  auto origin_it = req.find(http::field::origin);
+  if (origin_it != req.end()) {
+    std::string origin(origin_it->value());
+    bool allowed = std::find(opts.allow_origins.begin(), opts.allow_origins.end(), "*") != opts.allow_origins.end() ||
+                   std::find(opts.allow_origins.begin(), opts.allow_origins.end(), origin) != opts.allow_origins.end();
+    if (!allowed) {
+      auto scheme_end = origin.find("://");
+      std::string o_host = scheme_end == std::string::npos ? "" : origin.substr(scheme_end + 3);
+      std::string req_host(req[http::field::host]);
+      for (auto& c : o_host) c = char(std::tolower(static_cast<unsigned char>(c)));
+      for (auto& c : req_host) c = char(std::tolower(static_cast<unsigned char>(c)));
+      allowed = !o_host.empty() && o_host == req_host;
+    }
+    if (!allowed) {
+      spdlog::warn("refused {} {}: Origin {} is not allowed", std::string(req.method_string()),
+                   std::string(req.target().substr(0, req.target().find('?'))), origin);
+      return json_error(req, http::status::forbidden,
+                        "Origin " + origin + " is not allowed (add it to allow_origins in kgate.toml)");
+    }
+  }
+  if (!opts.token.empty()) {
+    std::string given;
+    std::string auth(req[http::field::authorization]);
+    if (starts_with(auth, "token ")) given = auth.substr(6);
+    else if (starts_with(auth, "Bearer ")) given = auth.substr(7);
+    if (given.empty()) {
+      std::string path, query;
+      auto target = req.target();
+      auto q = target.find('?');
+      if (q != std::string_view::npos) given = query_param(target.substr(q + 1), "token");
+    }
+    if (!constant_time_equal(given, opts.token)) {
+      return json_error(req, http::status::unauthorized,
+                        given.empty() ? "A token is required: send 'Authorization: token <token>' or ?token=<token>"
+                                      : "The token is not valid");
+    }
+  }
+  return std::nullopt;
+}
+
+void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
+  std::string path, query;
+  if (!split_target(req.target(), path, query)) {
+    respond(json_error(req, http::status::bad_request, "The request path is not valid"));
+    return;
+  }
+  const std::string& base = server.options().base_url;
+  if (base != "/") {
+    if (!starts_with(path, base) && path + "/" != base) {
+      respond(json_error(req, http::status::not_found, "Not found: " + path));
+      return;
+    }
+    path = "/" + path.substr(std::min(path.size(), base.size()));
+  }
+  auto parts = split_path(path);
+  for (auto& p : parts)
+    if (p == ".." || p == ".") {
+      respond(json_error(req, http::status::bad_request, "The request path may not contain . or .."));
+      return;
+    }
+  auto m = req.method();
+  auto n = parts.size();
+
+  if (n >= 1 && parts[0] == "api") {
+    if (n == 1) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      return respond(json_response(req, http::status::ok, json{{"version", KGATE_VERSION}, {"server", "kgate"}}.dump()));
+    }
+    if (n == 2 && parts[1] == "status") {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      json j = {{"started", server.started()},
+                {"last_activity", server.last_activity()},
+                {"kernels", server.manager().count()},
+                {"connections", server.hub().connections()}};
+      return respond(json_response(req, http::status::ok, j.dump()));
+    }
+    if (parts[1] == "kernels") {
+      if (n == 2) {
+        if (m == http::verb::get) {
+          json list = json::array();
+          for (auto& k : server.manager().list()) list.push_back(model_json(k->model()));
+          return respond(json_response(req, http::status::ok, list.dump()));
+        }
+        if (m == http::verb::post) return api_kernels_post(server, req, ctx, respond);
+        return respond(method_not_allowed(req, "GET, POST"));
+      }
+      const std::string& id = parts[2];
+      if (n == 3) {
+        if (m == http::verb::get) {
+          auto k = server.manager().get(id);
+          if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
+          return respond(json_response(req, http::status::ok, model_json(k->model()).dump()));
+        }
+        if (m == http::verb::delete_) return api_kernel_action(server, req, id, "delete", respond);
+        return respond(method_not_allowed(req, "GET, DELETE"));
+      }
+      if (n == 4 && (parts[3] == "interrupt" || parts[3] == "restart")) {
+        if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
+        return api_kernel_action(server, req, id, parts[3], respond);
+      }
+      if (n == 4 && parts[3] == "channels")
+        return respond(json_error(req, http::status::bad_request, "This endpoint takes a websocket upgrade"));
+    }
+    if (parts[1] == "kernelspecs" && n <= 3) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      auto scan = server.kernelspecs();
+      if (n == 2) {
+        json specs = json::object();
+        for (auto& [name, spec] : scan.specs) specs[name] = kernelspec_json(server, spec);
+        json j = {{"default", server.default_kernelspec(scan)}, {"kernelspecs", specs}};
+        return respond(json_response(req, http::status::ok, j.dump()));
+      }
+      std::string name = parts[2];
+      for (auto& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+      auto it = scan.specs.find(name);
+      if (it == scan.specs.end())
+        return respond(json_error(req, http::status::not_found, "Kernel spec " + parts[2] + " not found"));
+      return respond(json_response(req, http::status::ok, kernelspec_json(server, it->second).dump()));
+    }
+  }
+  if (n == 3 && parts[0] == "kernelspecs") {
+    if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
+    auto spec = server.find_kernelspec(parts[1]);
+    std::string file = parts[2];
+    auto res_files = spec ? spec->resources() : std::map<std::string, std::string>{};
+    bool listed = false;
+    for (auto& [key, f] : res_files) listed |= f == file;
+    if (!spec || !listed)
+      return respond(json_error(req, http::status::not_found, "No resource " + file + " in kernel spec " + parts[1]));
+    std::ifstream in(spec->resource_dir / file, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    Response res{http::status::ok, req.version()};
+    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    res.set(http::field::content_type, content_type_for(file));
+    res.set(http::field::cache_control, "max-age=2592000");
+    res.keep_alive(req.keep_alive());
+    res.body() = ss.str();
+    res.prepare_payload();
+    if (m == http::verb::head) {
+      auto len = res.body().size();
+      res.body().clear();
+      res.content_length(len);
+    }
+    return respond(std::move(res));
+  }
+  respond(json_error(req, http::status::not_found, "Not found: " + path));
+}
+
+}  // namespace kgate::gw

@@ -1,0 +1,38 @@
+// The REST surface: /api, /api/status, /api/kernels..., /api/kernelspecs..., /kernelspecs/...
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "net.hpp"
+
+namespace kgate::gw {
+
+class Server;
+
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+using Respond = std::function<void(Response)>;
+
+struct RequestContext {
+  bool peer_loopback = false;  // the client connected from a loopback address
+};
+
+// A JSON error in jupyter_server's shape: {"message": ..., "reason": ...}.
+Response json_error(const Request& req, http::status status, const std::string& message);
+Response json_response(const Request& req, http::status status, const std::string& body);
+
+// Checks Host, Origin and the token.  Returns an error response, or nothing when allowed.
+std::optional<Response> check_request(const Server& server, const Request& req);
+
+// Handles one (already checked, non-upgrade) request; calls `respond` exactly once, maybe
+// later (POST /api/kernels waits for the kernel to be ready).
+void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond);
+
+// Splits a target into its path (percent-decoded) and query; false if undecodable.
+bool split_target(std::string_view target, std::string& path, std::string& query);
+// The value of `key` in a query string ("" if absent).
+std::string query_param(std::string_view query, std::string_view key);
+
+}  // namespace kgate::gw

@@ -1,0 +1,122 @@
+// kgate.toml: reads the config file into GatewayOptions (CLI flags are applied after it).
+#include "config.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace kgate::gw {
+
+std::filesystem::path default_config_path() {
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  if (xdg && *xdg) return std::filesystem::path(xdg) / "kgate" / "kgate.toml";
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/") / ".config" / "kgate" / "kgate.toml";
+}
+
+namespace {
+
+struct Reader {
+  const std::filesystem::path& file;
+  std::string where(const std::string& key) const { return file.string() + ": " + key; }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw std::runtime_error(where(key) + ": " + what);
+  }
+  std::string str(const toml::node& n, const std::string& key) const {
+    if (auto v = n.value<std::string>()) return *v;
+    fail(key, "must be a string");
+  }
+  std::int64_t integer(const toml::node& n, const std::string& key, std::int64_t lo, std::int64_t hi) const {
+    auto v = n.value<std::int64_t>();
+    if (!v) fail(key, "must be an integer");
+    if (*v < lo || *v > hi) fail(key, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+    return *v;
+  }
+  std::vector<std::string> strings(const toml::node& n, const std::string& key) const {
+    auto arr = n.as_array();
+    if (!arr) fail(key, "must be an array of strings");
+    std::vector<std::string> out;
+    for (auto& e : *arr) out.push_back(str(e, key));
+    return out;
+  }
+};
+
+}  // namespace
+
+void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path.string());
+  } catch (const toml::parse_error& e) {
+    std::ostringstream ss;
+    ss << path.string() << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+       << e.description();
+    throw std::runtime_error(ss.str());
+  }
+  Reader r{path};
+  const std::int64_t big = std::int64_t(1) << 40;
+  for (auto& [section_key, section_node] : tbl) {
+    std::string section(section_key.str());
+    auto sec = section_node.as_table();
+    if (!sec) r.fail(section, "must be a table ([server], [limits] or [kernel])");
+    for (auto& [k, node] : *sec) {
+      std::string key(k.str());
+      std::string full = section + "." + key;
+      if (section == "server") {
+        if (key == "ip") opts.ip = r.str(node, full);
+        else if (key == "port") opts.port = int(r.integer(node, full, 0, 65535));
+        else if (key == "token") opts.token = r.str(node, full);
+        else if (key == "token_file") {
+          std::ifstream in(r.str(node, full));
+          if (!in) r.fail(full, "cannot read " + r.str(node, full));
+          std::getline(in, opts.token);
+        } else if (key == "base_url") opts.base_url = r.str(node, full);
+        else if (key == "runtime_dir") opts.runtime_dir = r.str(node, full);
+        else if (key == "root_dir") opts.root_dir = r.str(node, full);
+        else if (key == "default_kernel") opts.default_kernel = r.str(node, full);
+        else if (key == "allow_origins") opts.allow_origins = r.strings(node, full);
+        else if (key == "allow_hosts") opts.allow_hosts = r.strings(node, full);
+        else if (key == "env_policy") {
+          auto v = r.str(node, full);
+          if (v == "auto") opts.env_policy = EnvPolicy::automatic;
+          else if (v == "all") opts.env_policy = EnvPolicy::all;
+          else if (v == "filtered") opts.env_policy = EnvPolicy::filtered;
+          else r.fail(full, "must be \"auto\", \"all\" or \"filtered\"");
+        } else if (key == "env_allow") opts.env_allow = r.strings(node, full);
+        else r.fail(full, "unknown key");
+      } else if (section == "limits") {
+        if (key == "max_body_bytes") opts.max_body_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "max_header_bytes") opts.max_header_bytes = std::size_t(r.integer(node, full, 1024, 1 << 24));
+        else if (key == "max_ws_message_bytes") opts.max_ws_message_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "client_queue_bytes") opts.client_queue_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "client_queue_messages") opts.client_queue_messages = std::size_t(r.integer(node, full, 1, big));
+        else if (key == "replay_bytes") opts.replay_bytes = std::size_t(r.integer(node, full, 0, big));
+        else if (key == "replay_messages") opts.replay_messages = std::size_t(r.integer(node, full, 0, big));
+        else if (key == "replay_ttl_seconds") opts.replay_ttl = std::chrono::seconds(r.integer(node, full, 0, big));
+        else if (key == "sessionless_window_seconds") opts.sessionless_window = std::chrono::seconds(r.integer(node, full, 0, big));
+        else if (key == "max_detached_sessions") opts.max_detached_sessions = std::size_t(r.integer(node, full, 0, 1 << 20));
+        else if (key == "max_pending_requests") opts.kernel.max_pending = std::size_t(r.integer(node, full, 1, big));
+        else if (key == "max_held_messages") opts.kernel.max_held = std::size_t(r.integer(node, full, 0, big));
+        else if (key == "max_kernel_message_bytes") opts.kernel.max_message_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else r.fail(full, "unknown key");
+      } else if (section == "kernel") {
+        auto ms = [&](std::chrono::milliseconds& dst) { dst = std::chrono::milliseconds(r.integer(node, full, 0, big)); };
+        if (key == "ready_timeout_ms") ms(opts.kernel.ready_timeout);
+        else if (key == "shutdown_grace_ms") ms(opts.kernel.shutdown_grace);
+        else if (key == "terminate_grace_ms") ms(opts.kernel.terminate_grace);
+        else if (key == "heartbeat_interval_ms") ms(opts.kernel.heartbeat_interval);
+        else if (key == "heartbeat_misses") opts.kernel.heartbeat_misses = int(r.integer(node, full, 1, 1000));
+        else if (key == "launch_attempts") opts.kernel.launch_attempts = int(r.integer(node, full, 1, 100));
+        else r.fail(full, "unknown key");
+      } else {
+        r.fail(section, "unknown section (expected [server], [limits] or [kernel])");
+      }
+    }
+  }
+}
+
+}  // namespace kgate::gw

@@ -1,0 +1,106 @@
+// The hub: which websocket clients each kernel has, reply routing, fan-out and replay.
+//
+// Threading: everything here runs on the gateway's single Asio thread.  The kernel I/O thread
+// reaches it only through KernelObserver, whose methods post onto that thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "net.hpp"
+#include "options.hpp"
+#include "ws_codec.hpp"
+
+namespace kgate::gw {
+
+// One message from a kernel on its way to clients, encoded at most once per protocol.
+class OutMsg {
+ public:
+  OutMsg(KernelMessagePtr m, std::uint64_t seq);
+  const KernelMessage& msg() const { return *msg_; }
+  std::uint64_t seq() const { return seq_; }
+  // Bytes this message holds (its parts), the unit of every queue and replay limit.
+  std::size_t bytes() const { return bytes_; }
+  const WsFrame& frame(WsProtocol p);
+
+ private:
+  KernelMessagePtr msg_;
+  std::uint64_t seq_;
+  std::size_t bytes_;
+  std::optional<WsFrame> legacy_, v1_;
+};
+using OutPtr = std::shared_ptr<OutMsg>;
+
+// What the hub needs of a websocket connection.
+class WsClient {
+ public:
+  virtual ~WsClient() = default;
+  virtual void deliver(const OutPtr& m) = 0;
+  // Closes the connection because another one took over its session id.  Returns the
+  // messages it had not written yet; they go to the new connection first.
+  virtual std::deque<OutPtr> replace() = 0;
+  // Closes the connection because its kernel is gone.
+  virtual void kernel_gone(const std::string& why) = 0;
+};
+
+class Hub final : public KernelObserver {
+ public:
+  Hub(net::io_context& ioc, const GatewayOptions& opts);
+  ~Hub() override;
+
+  // KernelObserver (called on the kernel I/O thread; posts to the Asio thread).
+  void on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) override;
+  void on_kernel_removed(const KernelPtr& kernel) override;
+
+  struct Attached {
+    std::string route;           // the route the client's requests carry
+    std::deque<OutPtr> replay;   // messages kept for it while it was away, oldest first
+  };
+  // A connection opened.  session_id "" = a sessionless client (a jupyter_server relay).
+  Attached attach(const KernelPtr& kernel, const std::shared_ptr<WsClient>& client,
+                  const std::string& session_id);
+  // A connection closed.  `unsent` is what it had queued but not written: it is kept in the
+  // route's replay buffer (bounded) for a reconnect.
+  void detach(const KernelPtr& kernel, const WsClient* client, const std::string& route,
+              std::deque<OutPtr> unsent);
+  int connections() const { return connections_; }
+  void close_all(const std::string& why);
+
+ private:
+  struct Replay {
+    std::deque<OutPtr> msgs;
+    std::size_t bytes = 0;
+    std::size_t dropped = 0;
+    std::size_t dropped_bytes = 0;
+    std::chrono::steady_clock::time_point since;
+    bool sessionless = false;
+    bool expired = false;  // only counts what it misses now
+  };
+  struct Clients {
+    std::map<std::string, std::weak_ptr<WsClient>> live;  // by route
+    std::map<std::string, Replay> detached;               // by route
+    std::string sessionless_route;  // the route whose replay the next sessionless client adopts
+  };
+
+  void route(const KernelPtr& kernel, const KernelMessagePtr& msg);
+  void removed(const KernelPtr& kernel);
+  void keep(Replay& r, const OutPtr& m);
+  void sweep();
+  OutPtr notice(const KernelPtr& kernel, const Replay& r);
+
+  net::io_context& ioc_;
+  const GatewayOptions& opts_;
+  net::steady_timer sweep_timer_;
+  std::map<std::string, Clients> kernels_;
+  std::uint64_t seq_ = 0;
+  std::uint64_t anon_counter_ = 0;
+  int connections_ = 0;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace kgate::gw

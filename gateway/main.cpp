@@ -1,0 +1,81 @@
+// kgate: the resident Jupyter kernel gateway.  main() parses options and wires the server.
+#include <cstdlib>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "config.hpp"
+#include "kgate/version.hpp"
+#include "server.hpp"
+
+namespace {
+
+bool loopback(const std::string& ip) {
+  return ip == "localhost" || ip == "::1" || ip.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using kgate::gw::GatewayOptions;
+  CLI::App app{"kgate: a resident Jupyter kernel gateway (the Jupyter kernels HTTP/websocket API)"};
+  app.set_version_flag("--version", KGATE_VERSION);
+  app.require_subcommand(1);
+
+  auto* serve = app.add_subcommand("serve", "Run the gateway in the foreground (logs go to stderr)");
+  std::string ip, token, config, runtime_dir, log_level = "info";
+  int port = -1;
+  serve->add_option("--ip", ip, "Address to bind (default 127.0.0.1). A non-loopback address requires a token");
+  serve->add_option("--port", port, "TCP port (default 8787; 0 picks a free port and logs it)")->check(CLI::Range(0, 65535));
+  serve->add_option("--token", token,
+                    "Require this token: 'Authorization: token T' or ?token=T (also $KGATE_TOKEN; "
+                    "prefer the env var or token_file: argv is visible to other users)")
+      ->envname("KGATE_TOKEN");
+  serve->add_option("--config", config, "kgate.toml to read (default $XDG_CONFIG_HOME/kgate/kgate.toml if it exists)");
+  serve->add_option("--runtime-dir", runtime_dir,
+                    "Where connection files go (default $JUPYTER_RUNTIME_DIR, else ~/.local/share/jupyter/runtime)");
+  serve->add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto logger = spdlog::stderr_color_mt("kgate");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  GatewayOptions opts;
+  try {
+    std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
+    if (!config.empty() || std::filesystem::exists(cfg)) kgate::gw::load_config_file(cfg, opts);
+  } catch (const std::exception& e) {
+    std::cerr << "kgate: " << e.what() << "\n";
+    return 2;
+  }
+  if (!ip.empty()) opts.ip = ip;
+  if (port >= 0) opts.port = port;
+  if (!token.empty()) opts.token = token;
+  if (!runtime_dir.empty()) opts.runtime_dir = runtime_dir;
+  if (!loopback(opts.ip) && opts.token.empty()) {
+    std::cerr << "kgate: refusing to listen on " << opts.ip
+              << " without a token: anyone who can reach it could run code as you. Set --token, "
+                 "$KGATE_TOKEN or token_file in kgate.toml, or bind 127.0.0.1.\n";
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  try {
+    kgate::gw::Server server(std::move(opts));
+    auto ep = server.listen();
+    std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
+    spdlog::info("kgate {} listening on http://{}:{}{} (token {}; connection files in {})", KGATE_VERSION,
+                 host, ep.port(), server.options().base_url,
+                 server.options().token.empty() ? "off" : "required", server.options().runtime_dir.string());
+    server.run();
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,19 @@
+// The one place gateway code includes Asio and Beast from, with the short aliases it uses.
+#pragma once
+
+#include "beast_utf8_relaxed.hpp"  // before any Beast websocket header: see the file
+
+#include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+
+namespace kgate::gw {
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using tcp = net::ip::tcp;
+}  // namespace kgate::gw

@@ -1,0 +1,51 @@
+// The daemon's settings: one plain struct, filled in main from kgate.toml and the CLI.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kgate/kernel.hpp"
+
+namespace kgate::gw {
+
+// How the env of POST /api/kernels is applied (see DEV.md, "Kernel environment").
+enum class EnvPolicy {
+  automatic,  // loopback and Unix-socket clients: whole env; others: filtered
+  all,        // always the whole env
+  filtered,   // always KERNEL_* plus env_allow
+};
+
+struct GatewayOptions {
+  std::string ip = "127.0.0.1";
+  int port = 8787;
+  std::string token;  // empty = no auth (refused for a non-loopback bind)
+  std::string base_url = "/";
+  std::filesystem::path runtime_dir;  // default: jupyter_runtime_dir()
+  std::filesystem::path root_dir;     // POST path= is relative to this; default: cwd
+  std::string default_kernel = "python3";
+
+  std::vector<std::string> allow_origins;  // extra allowed Origins; "*" allows every origin
+  std::vector<std::string> allow_hosts;    // extra allowed Host names for a loopback bind
+
+  EnvPolicy env_policy = EnvPolicy::automatic;
+  std::vector<std::string> env_allow = {"LANG", "LC_ALL", "LC_CTYPE", "TZ", "JPY_SESSION_NAME"};
+
+  // Limits.
+  std::size_t max_body_bytes = 16u << 20;           // HTTP request body
+  std::size_t max_header_bytes = 64u << 10;         // HTTP request header
+  std::size_t max_ws_message_bytes = 256u << 20;    // one websocket message from a client
+  std::size_t client_queue_bytes = 128u << 20;      // unsent output queued for one websocket
+  std::size_t client_queue_messages = 200000;
+  std::size_t replay_bytes = 64u << 20;             // replay buffer of one detached session
+  std::size_t replay_messages = 100000;
+  std::chrono::seconds replay_ttl{600};             // a detached session's buffer lives this long
+  std::chrono::seconds sessionless_window{30};      // replay window for sessionless clients
+  std::size_t max_detached_sessions = 256;          // per kernel; the oldest goes first
+
+  KernelOptions kernel;
+};
+
+}  // namespace kgate::gw

@@ -1,0 +1,107 @@
+// The daemon: owns the Asio context, the listener, the hub and the kernel manager.
+#include "server.hpp"
+
+#include <csignal>
+
+#include <spdlog/spdlog.h>
+
+#include "http_session.hpp"
+
+namespace kgate::gw {
+
+Server::Server(GatewayOptions opts)
+    : opts_(std::move(opts)),
+      hub_(ioc_, opts_),
+      acceptor_(ioc_),
+      signals_(ioc_, SIGINT, SIGTERM) {
+  if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
+  if (opts_.root_dir.empty()) opts_.root_dir = std::filesystem::current_path();
+  if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
+  if (opts_.base_url.back() != '/') opts_.base_url += '/';
+  ensure_private_dir(opts_.runtime_dir);
+  manager_ = std::make_unique<KernelManager>(
+      opts_.kernel, opts_.runtime_dir,
+      [this](const std::string& name) { return find_kernelspec(name); }, &hub_);
+}
+
+Server::~Server() {
+  manager_.reset();  // stops kernels and the I/O thread before the hub goes
+}
+
+tcp::endpoint Server::listen() {
+  beast::error_code ec;
+  auto addr = net::ip::make_address(opts_.ip == "localhost" ? "127.0.0.1" : opts_.ip, ec);
+  if (ec) throw std::runtime_error("invalid --ip " + opts_.ip + ": " + ec.message());
+  tcp::endpoint ep(addr, static_cast<unsigned short>(opts_.port));
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+  if (ec)
+    throw std::runtime_error("cannot listen on " + opts_.ip + ":" + std::to_string(opts_.port) +
+                             ": " + ec.message());
+  endpoint_ = acceptor_.local_endpoint();
+  return endpoint_;
+}
+
+void Server::run() {
+  signals_.async_wait(beast::bind_front_handler(&Server::on_signal, this));
+  do_accept();
+  ioc_.run();
+}
+
+void Server::stop() {
+  net::post(ioc_, [this] { on_signal({}, 0); });
+}
+
+void Server::on_signal(beast::error_code ec, int sig) {
+  if (ec || stopping_) return;
+  stopping_ = true;
+  spdlog::info("{}: shutting down {} kernel(s)", sig ? strsignal(sig) : "stop", manager_->count());
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+  manager_->shutdown_all();
+  hub_.close_all("kgate is shutting down");
+  signals_.cancel();
+  // Let the closes go out, then stop.
+  auto timer = std::make_shared<net::steady_timer>(ioc_, std::chrono::milliseconds(200));
+  timer->async_wait([this, timer](beast::error_code) { ioc_.stop(); });
+}
+
+void Server::do_accept() {
+  acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted) return;
+      spdlog::warn("accept: {}", ec.message());
+    } else {
+      std::make_shared<HttpSession>(std::move(socket), *this)->run();
+    }
+    if (acceptor_.is_open()) do_accept();
+  });
+}
+
+KernelSpecScan Server::kernelspecs() const {
+  auto scan = scan_kernelspecs(kernelspec_dirs());
+  for (auto& w : scan.warnings) spdlog::warn("kernelspec skipped: {}", w);
+  return scan;
+}
+
+std::optional<KernelSpec> Server::find_kernelspec(const std::string& name) const {
+  auto scan = scan_kernelspecs(kernelspec_dirs());
+  std::string lname = name;
+  for (auto& c : lname) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (auto it = scan.specs.find(lname); it != scan.specs.end()) return it->second;
+  if (lname == "python")
+    if (auto it = scan.specs.find("python3"); it != scan.specs.end()) return it->second;
+  return std::nullopt;
+}
+
+std::string Server::default_kernelspec(const KernelSpecScan& scan) const {
+  if (scan.specs.count(opts_.default_kernel)) return opts_.default_kernel;
+  if (!scan.specs.empty()) return scan.specs.begin()->first;
+  return opts_.default_kernel;
+}
+
+std::string Server::last_activity() const { return last_activity_; }
+
+}  // namespace kgate::gw

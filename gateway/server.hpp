@@ -1,0 +1,63 @@
+// The daemon: owns the Asio context, the listener, the hub and the kernel manager.
+//
+// Threads: the caller of run() is the one Asio thread (HTTP, websockets, hub, REST); the
+// kernel manager runs the kernel I/O thread; libzmq runs its own I/O thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "hub.hpp"
+#include "net.hpp"
+#include "options.hpp"
+
+namespace kgate::gw {
+
+class Server {
+ public:
+  explicit Server(GatewayOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and listens.  Throws std::runtime_error with a clear message on failure.
+  tcp::endpoint listen();
+  // Serves until SIGINT/SIGTERM or stop(), then shuts every kernel down.
+  void run();
+  // Thread-safe.
+  void stop();
+
+  const GatewayOptions& options() const { return opts_; }
+  net::io_context& ioc() { return ioc_; }
+  Hub& hub() { return hub_; }
+  KernelManager& manager() { return *manager_; }
+  tcp::endpoint endpoint() const { return endpoint_; }
+
+  // Kernelspecs, scanned from the Jupyter data directories on each call.
+  KernelSpecScan kernelspecs() const;
+  std::optional<KernelSpec> find_kernelspec(const std::string& name) const;
+  // The default kernelspec name: opts.default_kernel if it exists, else the first one.
+  std::string default_kernelspec(const KernelSpecScan& scan) const;
+
+  const std::string& started() const { return started_; }
+  std::string last_activity() const;
+  void touch() { last_activity_ = iso_now(); }
+
+ private:
+  void do_accept();
+  void on_signal(beast::error_code ec, int sig);
+
+  GatewayOptions opts_;
+  net::io_context ioc_{1};
+  Hub hub_;  // after ioc_, before manager_: the manager's thread posts into both
+  std::unique_ptr<KernelManager> manager_;
+  tcp::acceptor acceptor_;
+  net::signal_set signals_;
+  tcp::endpoint endpoint_;
+  std::string started_ = iso_now();
+  std::string last_activity_ = started_;
+  bool stopping_ = false;
+};
+
+}  // namespace kgate::gw

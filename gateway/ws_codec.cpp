@@ -1,0 +1,207 @@
+// Websocket message formats of the Jupyter kernels API: legacy JSON, legacy binary and v1.
+#include "ws_codec.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace kgate::gw {
+
+namespace {
+
+void put_u32be(std::string& s, std::uint32_t v) {
+  char b[4] = {char(v >> 24), char(v >> 16), char(v >> 8), char(v)};
+  s.append(b, 4);
+}
+std::uint32_t get_u32be(const unsigned char* p) {
+  return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) |
+         std::uint32_t(p[3]);
+}
+void put_u64le(std::string& s, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(char((v >> (8 * i)) & 0xff));
+}
+std::uint64_t get_u64le(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// {"header":H,"parent_header":P,"metadata":M,"content":C,[buffers:[],]"msg_id":..,"msg_type":..,"channel":..}
+std::string legacy_json(const KernelMessage& m, bool with_buffers_key) {
+  const WireMessage& w = m.wire;
+  std::string out;
+  out.reserve(w.header.size() + w.parent_header.size() + w.metadata.size() + w.content.size() + 160);
+  out += "{\"header\":";
+  out += w.header;
+  out += ",\"parent_header\":";
+  out += w.parent_header.empty() ? std::string_view("{}") : std::string_view(w.parent_header);
+  out += ",\"metadata\":";
+  out += w.metadata.empty() ? std::string_view("{}") : std::string_view(w.metadata);
+  out += ",\"content\":";
+  out += w.content.empty() ? std::string_view("{}") : std::string_view(w.content);
+  if (with_buffers_key) out += ",\"buffers\":[]";
+  out += ",\"msg_id\":";
+  out += json(m.msg_id).dump();
+  out += ",\"msg_type\":";
+  out += json(m.msg_type).dump();
+  out += ",\"channel\":\"";
+  out += channel_name(m.channel);
+  out += "\"}";
+  return out;
+}
+
+// Fills out's parts from a parsed legacy message object.
+std::string from_object(json& msg, ClientMessage& out) {
+  if (!msg.is_object()) return "a message must be a JSON object";
+  std::string channel = "shell";
+  if (auto it = msg.find("channel"); it != msg.end()) {
+    if (!it->is_string()) return "\"channel\" must be a string";
+    channel = it->get<std::string>();
+  }
+  auto ch = parse_channel(channel);
+  if (!ch || *ch == Channel::iopub) return "unknown channel \"" + channel + "\"";
+  out.channel = *ch;
+  auto header = msg.find("header");
+  if (header == msg.end() || !header->is_object()) return "\"header\" must be an object";
+  auto id = header->find("msg_id");
+  auto type = header->find("msg_type");
+  if (id == header->end() || !id->is_string() || id->get_ref<const std::string&>().empty())
+    return "header.msg_id must be a non-empty string";
+  if (type == header->end() || !type->is_string() || type->get_ref<const std::string&>().empty())
+    return "header.msg_type must be a non-empty string";
+  out.msg_id = id->get<std::string>();
+  out.msg_type = type->get<std::string>();
+  auto part = [&](const char* key, std::string& dst) -> std::string {
+    auto it = msg.find(key);
+    if (it == msg.end() || it->is_null()) {
+      dst = "{}";
+      return {};
+    }
+    if (!it->is_object()) return std::string("\"") + key + "\" must be an object";
+    dst = it->dump();
+    return {};
+  };
+  out.wire.header = header->dump();
+  if (auto e = part("parent_header", out.wire.parent_header); !e.empty()) return e;
+  if (auto e = part("metadata", out.wire.metadata); !e.empty()) return e;
+  if (auto e = part("content", out.wire.content); !e.empty()) return e;
+  return {};
+}
+
+std::string decode_legacy_binary(std::string_view data, ClientMessage& out) {
+  auto p = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < 8) return "legacy binary frame too short";
+  std::uint32_t n = get_u32be(p);
+  if (n == 0 || n > 1024 || data.size() < 4 + 4 * std::size_t(n))
+    return "legacy binary frame: bad part count";
+  std::vector<std::size_t> offs(n + 1);
+  for (std::uint32_t i = 0; i < n; ++i) offs[i] = get_u32be(p + 4 + 4 * i);
+  offs[n] = data.size();
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (offs[i] < 4 + 4 * std::size_t(n) || offs[i] > offs[i + 1])
+      return "legacy binary frame: offsets out of order or out of range";
+  json msg = json::parse(data.substr(offs[0], offs[1] - offs[0]), nullptr, false);
+  if (msg.is_discarded()) return "legacy binary frame: the message part is not JSON";
+  if (auto e = from_object(msg, out); !e.empty()) return e;
+  for (std::uint32_t i = 1; i < n; ++i)
+    out.wire.buffers.emplace_back(data.substr(offs[i], offs[i + 1] - offs[i]));
+  return {};
+}
+
+std::string decode_v1(std::string_view data, ClientMessage& out) {
+  auto p = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < 8) return "v1 frame too short";
+  std::uint64_t n = get_u64le(p);
+  if (n < 6 || n > 1024 || data.size() < 8 * (n + 1)) return "v1 frame: bad offset count";
+  std::vector<std::uint64_t> offs(n);
+  for (std::uint64_t i = 0; i < n; ++i) offs[i] = get_u64le(p + 8 * (i + 1));
+  for (std::uint64_t i = 0; i + 1 < n; ++i)
+    if (offs[i] < 8 * (n + 1) || offs[i] > offs[i + 1]) return "v1 frame: offsets out of order";
+  if (offs[n - 1] > data.size()) return "v1 frame: offsets past the end";
+  auto seg = [&](std::uint64_t i) { return data.substr(offs[i], offs[i + 1] - offs[i]); };
+  std::string channel(seg(0));
+  auto ch = parse_channel(channel);
+  if (!ch || *ch == Channel::iopub) return "unknown channel \"" + channel + "\"";
+  out.channel = *ch;
+  json header = json::parse(seg(1), nullptr, false);
+  if (!header.is_object()) return "v1 frame: header is not a JSON object";
+  auto id = header.find("msg_id");
+  auto type = header.find("msg_type");
+  if (id == header.end() || !id->is_string() || type == header.end() || !type->is_string())
+    return "header.msg_id and header.msg_type must be strings";
+  out.msg_id = id->get<std::string>();
+  out.msg_type = type->get<std::string>();
+  out.wire.header = std::string(seg(1));
+  const char* names[] = {"parent_header", "metadata", "content"};
+  std::string* dst[] = {&out.wire.parent_header, &out.wire.metadata, &out.wire.content};
+  for (int i = 0; i < 3; ++i) {
+    auto s = seg(2 + i);
+    if (s.empty()) {
+      *dst[i] = "{}";
+      continue;
+    }
+    if (!json::accept(s)) return std::string("v1 frame: ") + names[i] + " is not JSON";
+    *dst[i] = std::string(s);
+  }
+  for (std::uint64_t i = 5; i + 1 < n; ++i) out.wire.buffers.emplace_back(seg(i));
+  return {};
+}
+
+}  // namespace
+
+WsFrame encode_legacy(const KernelMessage& m) {
+  if (m.wire.buffers.empty()) return WsFrame{legacy_json(m, true), false};
+  std::string js = legacy_json(m, false);
+  std::uint32_t n = std::uint32_t(1 + m.wire.buffers.size());
+  std::size_t total = 4 + 4 * std::size_t(n) + js.size();
+  for (auto& b : m.wire.buffers) total += b.size();
+  std::string out;
+  out.reserve(total);
+  put_u32be(out, n);
+  std::size_t off = 4 + 4 * std::size_t(n);
+  put_u32be(out, std::uint32_t(off));
+  off += js.size();
+  for (std::size_t i = 0; i + 1 < m.wire.buffers.size(); ++i) {
+    put_u32be(out, std::uint32_t(off));
+    off += m.wire.buffers[i].size();
+  }
+  if (!m.wire.buffers.empty()) put_u32be(out, std::uint32_t(off));
+  out += js;
+  for (auto& b : m.wire.buffers) out += b;
+  return WsFrame{std::move(out), true};
+}
+
+WsFrame encode_v1(const KernelMessage& m) {
+  const WireMessage& w = m.wire;
+  std::string_view ch = channel_name(m.channel);
+  std::vector<std::string_view> segs = {ch, w.header, w.parent_header, w.metadata, w.content};
+  for (auto& b : w.buffers) segs.emplace_back(b);
+  std::uint64_t n = segs.size() + 1;
+  std::string out;
+  std::size_t total = 8 * (n + 1);
+  for (auto s : segs) total += s.size();
+  out.reserve(total);
+  put_u64le(out, n);
+  std::uint64_t off = 8 * (n + 1);
+  for (auto s : segs) {
+    put_u64le(out, off);
+    off += s.size();
+  }
+  put_u64le(out, off);
+  for (auto s : segs) out += s;
+  return WsFrame{std::move(out), true};
+}
+
+std::string decode_client(std::string_view data, WsProtocol proto, ClientMessage& out) {
+  if (proto == WsProtocol::v1) return decode_v1(data, out);
+  std::size_t i = 0;
+  while (i < data.size() && (data[i] == ' ' || data[i] == '\n' || data[i] == '\r' || data[i] == '\t')) ++i;
+  if (i < data.size() && data[i] == '{') {
+    json msg = json::parse(data, nullptr, false);
+    if (msg.is_discarded()) return "the frame is not valid JSON";
+    return from_object(msg, out);
+  }
+  return decode_legacy_binary(data, out);
+}
+
+}  // namespace kgate::gw

@@ -1,0 +1,174 @@
+// One websocket connection to /api/kernels/{id}/channels.
+#include "ws_session.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "kgate/version.hpp"
+#include "server.hpp"
+
+namespace kgate::gw {
+
+WsSession::WsSession(tcp::socket socket, Server& server, KernelPtr kernel, std::string session_id)
+    : ws_(std::move(socket)),
+      server_(server),
+      kernel_(std::move(kernel)),
+      session_id_(std::move(session_id)) {}
+
+WsSession::~WsSession() = default;
+
+void WsSession::run(http::request<http::string_body> req) {
+  // The v1 protocol when the client offers it; otherwise legacy, with no subprotocol header
+  // (a client that offered none must not get one).
+  std::string offered(req[http::field::sec_websocket_protocol]);
+  bool v1 = false;
+  for (std::size_t pos = 0; pos < offered.size();) {
+    auto comma = offered.find(',', pos);
+    std::string item = offered.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (item == kV1Protocol) v1 = true;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  proto_ = v1 ? WsProtocol::v1 : WsProtocol::legacy;
+  beast::get_lowest_layer(ws_).expires_never();
+  ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+  ws_.set_option(websocket::stream_base::decorator([v1](websocket::response_type& res) {
+    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    if (v1) res.set(http::field::sec_websocket_protocol, kV1Protocol);
+  }));
+  ws_.read_message_max(server_.options().max_ws_message_bytes);
+  ws_.auto_fragment(false);
+  ws_.async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this()));
+}
+
+void WsSession::on_accept(beast::error_code ec) {
+  if (ec) {
+    spdlog::info("kernel {}: websocket handshake failed: {}", kernel_->id(), ec.message());
+    return;
+  }
+  auto a = server_.hub().attach(kernel_, shared_from_this(), session_id_);
+  attached_ = true;
+  route_ = a.route;
+  spdlog::info("kernel {}: websocket opened (session {}, {} protocol, {} replayed)", kernel_->id(),
+               route_, proto_ == WsProtocol::v1 ? "v1" : "legacy", a.replay.size());
+  for (auto& m : a.replay) deliver(m);
+  do_read();
+}
+
+void WsSession::do_read() {
+  ws_.async_read(rbuf_, beast::bind_front_handler(&WsSession::on_read, shared_from_this()));
+}
+
+void WsSession::on_read(beast::error_code ec, std::size_t) {
+  if (ec) {
+    if (ec == websocket::error::message_too_big) {
+      spdlog::warn("kernel {}: session {} sent a message over {} bytes; closing", kernel_->id(),
+                   route_, server_.options().max_ws_message_bytes);
+    } else if (ec != websocket::error::closed && ec != net::error::operation_aborted) {
+      spdlog::debug("kernel {}: websocket read: {}", kernel_->id(), ec.message());
+    }
+    finish();
+    return;
+  }
+  auto data = rbuf_.cdata();
+  std::string_view payload(static_cast<const char*>(data.data()), data.size());
+  ClientMessage m;
+  std::string err = decode_client(payload, proto_, m);
+  rbuf_.consume(rbuf_.size());
+  if (!err.empty()) {
+    spdlog::warn("kernel {}: session {}: bad websocket message: {}", kernel_->id(), route_, err);
+    close(websocket::close_code::bad_payload, "kgate: " + err);
+    return;
+  }
+  m.route = route_;
+  server_.manager().send(kernel_->id(), std::move(m));
+  do_read();
+}
+
+void WsSession::deliver(const OutPtr& m) {
+  if (finished_ || closing_) return;
+  if (queue_.size() + 1 > server_.options().client_queue_messages ||
+      queued_bytes_ + m->bytes() > server_.options().client_queue_bytes) {
+    spdlog::warn("kernel {}: session {} is too slow ({} messages, {} bytes unsent); closing it, "
+                 "its output goes to the replay buffer",
+                 kernel_->id(), route_, queue_.size(), queued_bytes_);
+    queue_.push_back(m);
+    queued_bytes_ += m->bytes();
+    close(websocket::close_code::policy_error,
+          "kgate: client too slow; reconnect with the same session_id to resume");
+    return;
+  }
+  queue_.push_back(m);
+  queued_bytes_ += m->bytes();
+  if (!writing_) do_write();
+}
+
+void WsSession::do_write() {
+  if (queue_.empty() || closing_) return;
+  writing_ = true;
+  const WsFrame& f = queue_.front()->frame(proto_);
+  ws_.binary(f.binary);
+  ws_.async_write(net::buffer(f.data),
+                  beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+}
+
+void WsSession::on_write(beast::error_code ec, std::size_t) {
+  writing_ = false;
+  if (ec) {
+    finish();
+    return;
+  }
+  queued_bytes_ -= queue_.front()->bytes();
+  queue_.pop_front();
+  if (closing_) {
+    close(close_code_, close_reason_);
+    return;
+  }
+  do_write();
+}
+
+std::deque<OutPtr> WsSession::replace() {
+  auto unsent = std::move(queue_);
+  queue_.clear();
+  queued_bytes_ = 0;
+  // The message being written stays in flight; it is counted as delivered.
+  attached_ = false;  // the new connection owns the route now: nothing to hand back
+  close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
+  return unsent;
+}
+
+void WsSession::kernel_gone(const std::string& why) {
+  close(websocket::close_code::going_away, "kgate: " + why);
+}
+
+void WsSession::close(websocket::close_code code, const std::string& reason) {
+  if (finished_ || close_sent_) return;
+  if (!closing_) {
+    closing_ = true;
+    close_code_ = code;
+    close_reason_ = reason.substr(0, 120);  // a close frame's reason is at most 123 bytes
+  }
+  if (writing_) return;  // on_write calls back here once the write in flight is done
+  close_sent_ = true;
+  ws_.async_close(websocket::close_reason(close_code_, close_reason_),
+                  [self = shared_from_this()](beast::error_code) { self->finish(); });
+}
+
+void WsSession::finish() {
+  if (finished_) return;
+  finished_ = true;
+  if (attached_) {
+    attached_ = false;
+    auto unsent = std::move(queue_);
+    queue_.clear();
+    server_.hub().detach(kernel_, this, route_, std::move(unsent));
+  } else {
+    server_.hub().detach(kernel_, this, route_, {});
+  }
+  beast::error_code ec;
+  beast::get_lowest_layer(ws_).socket().close(ec);
+  spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);
+}
+
+}  // namespace kgate::gw

@@ -1,0 +1,61 @@
+// One websocket connection to /api/kernels/{id}/channels.
+//
+// Threading: lives on the gateway's single Asio thread, like the hub.  Writes: one
+// async_write at a time, from a queue bounded by GatewayOptions::client_queue_bytes and
+// client_queue_messages.  A client that lets the queue pass either bound is closed (1008,
+// "too slow") and its unsent messages move to its session's replay buffer, so a reconnect
+// with the same session_id resumes where it stopped.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "hub.hpp"
+#include "net.hpp"
+
+namespace kgate::gw {
+
+class Server;
+
+class WsSession final : public WsClient, public std::enable_shared_from_this<WsSession> {
+ public:
+  WsSession(tcp::socket socket, Server& server, KernelPtr kernel, std::string session_id);
+  ~WsSession() override;
+
+  // Completes the handshake for `req` (already authorised), then reads and writes.
+  void run(http::request<http::string_body> req);
+
+  void deliver(const OutPtr& m) override;
+  std::deque<OutPtr> replace() override;
+  void kernel_gone(const std::string& why) override;
+
+ private:
+  void on_accept(beast::error_code ec);
+  void do_read();
+  void on_read(beast::error_code ec, std::size_t n);
+  void send_error(const std::string& text);
+  void do_write();
+  void on_write(beast::error_code ec, std::size_t n);
+  void close(websocket::close_code code, const std::string& reason);
+  void finish();  // detach from the hub exactly once
+
+  websocket::stream<beast::tcp_stream> ws_;
+  Server& server_;
+  KernelPtr kernel_;
+  std::string session_id_;
+  std::string route_;
+  WsProtocol proto_ = WsProtocol::legacy;
+  beast::flat_buffer rbuf_;
+  std::deque<OutPtr> queue_;
+  std::size_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool attached_ = false;
+  bool closing_ = false;
+  bool finished_ = false;
+  bool close_sent_ = false;
+  websocket::close_code close_code_ = websocket::close_code::normal;
+  std::string close_reason_;
+};
+
+}  // namespace kgate::gw

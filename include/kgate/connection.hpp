@@ -1,0 +1,54 @@
+// Connection files, Jupyter directories and the random identifiers kernels are named with.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kgate {
+
+// Every field of a Jupyter connection file.
+struct ConnectionInfo {
+  std::string transport = "tcp";  // "tcp" or "ipc"
+  std::string ip = "127.0.0.1";
+  int shell_port = 0;
+  int iopub_port = 0;
+  int stdin_port = 0;
+  int control_port = 0;
+  int hb_port = 0;
+  std::string key;  // HMAC key (UTF-8 bytes are the key; empty = unsigned)
+  std::string signature_scheme = "hmac-sha256";
+  std::string kernel_name;
+  std::string jupyter_session;  // optional; written only when non-empty
+
+  // "tcp://ip:port", or "ipc://ip-port" for the ipc transport.
+  std::string endpoint(int port) const;
+  nlohmann::json to_json() const;
+  // Throws std::runtime_error naming the missing or mistyped field.
+  static ConnectionInfo from_json(const nlohmann::json& j);
+};
+
+// Reads a connection file.  Throws std::runtime_error with the path and the reason.
+ConnectionInfo load_connection_info(const std::filesystem::path& path);
+// Writes a connection file atomically with mode 0600 (temp file + rename in the same dir).
+// Throws std::runtime_error on failure.
+void write_connection_file(const std::filesystem::path& path, const ConnectionInfo& info);
+
+// $JUPYTER_DATA_DIR, else ${XDG_DATA_HOME:-~/.local/share}/jupyter.
+std::filesystem::path jupyter_data_dir();
+// $JUPYTER_RUNTIME_DIR, else jupyter_data_dir()/runtime (jupyter_core's rule).
+std::filesystem::path jupyter_runtime_dir();
+// Creates `dir` (and parents) if needed and makes it mode 0700.  Throws on failure.
+void ensure_private_dir(const std::filesystem::path& dir);
+// The kernelspec search path, first wins: $JUPYTER_PATH entries, the user data dir,
+// /usr/local/share/jupyter, /usr/share/jupyter, each joined with "kernels".
+std::vector<std::filesystem::path> kernelspec_dirs();
+
+// A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
+std::string new_uuid();
+// A random uuid4 without dashes (32 hex digits).
+std::string new_hex_id();
+
+}  // namespace kgate

@@ -1,0 +1,172 @@
+// The kernel runtime: launching kernels and owning their ZMQ channel sets on one I/O thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kgate/connection.hpp"
+#include "kgate/kernelspec.hpp"
+#include "kgate/wire.hpp"
+
+namespace kgate {
+
+enum class Channel { shell, control, stdin_, iopub };
+std::string_view channel_name(Channel c) noexcept;
+std::optional<Channel> parse_channel(std::string_view name) noexcept;
+
+// What the kernel-facing side knows of one message, parsed once on the I/O thread.
+struct KernelMessage {
+  Channel channel = Channel::iopub;
+  WireMessage wire;           // identities cleared; raw JSON parts as the kernel sent them
+  std::string msg_id;         // header.msg_id
+  std::string msg_type;       // header.msg_type
+  std::string parent_msg_id;  // parent_header.msg_id ("" when none)
+  // Who this message is for: the route of the client whose request it answers (shell,
+  // control and stdin), or "" for everyone (iopub).
+  std::string route;
+  bool synthesized = false;   // made by kgate (a dead-kernel reply, a status), not the kernel
+};
+using KernelMessagePtr = std::shared_ptr<const KernelMessage>;
+
+// A message a client sends to a kernel.  The gateway fills it from a websocket frame.
+struct ClientMessage {
+  Channel channel = Channel::shell;
+  WireMessage wire;  // header/parent/metadata/content as JSON text, buffers raw
+  std::string msg_id;
+  std::string msg_type;
+  std::string route;  // the sender's route: replies to this message carry it back
+};
+
+class Kernel;
+using KernelPtr = std::shared_ptr<Kernel>;
+
+// Receives everything kernels send.  Called on the I/O thread only: implementations must
+// not block (post the work elsewhere).
+class KernelObserver {
+ public:
+  virtual ~KernelObserver() = default;
+  virtual void on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) = 0;
+  // The kernel was removed (deleted, or gateway shutdown): drop every client of it.
+  virtual void on_kernel_removed(const KernelPtr& kernel) = 0;
+};
+
+struct KernelModel {
+  std::string id;
+  std::string name;
+  std::string execution_state;  // starting, idle, busy, restarting, dead
+  std::string last_activity;    // "%Y-%m-%dT%H:%M:%S.%fZ"
+  int connections = 0;
+  std::string reason;           // why it is dead, when it is
+};
+
+// One kernel.  Created and driven by KernelManager; the gateway reads its model (from any
+// thread, O(1), no ZMQ round trip) and holds shared pointers to it.
+class Kernel {
+ public:
+  Kernel(std::string id, KernelSpec spec) : id_(std::move(id)), spec_(std::move(spec)) {}
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+
+  const std::string& id() const noexcept { return id_; }
+  const KernelSpec& spec() const noexcept { return spec_; }
+
+  // Thread-safe snapshot of the model.
+  KernelModel model() const;
+  std::string execution_state() const;
+  std::filesystem::path connection_file() const;
+  ConnectionInfo connection_info() const;
+  int pid() const;
+  // The gateway counts websocket connections here.
+  void add_connection(int delta) { connections_.fetch_add(delta); }
+
+  // Written by the I/O thread only.
+  void set_state(std::string state, std::string reason = {});
+  void touch();  // last_activity = now
+  void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
+
+ private:
+
+  const std::string id_;
+  const KernelSpec spec_;
+  mutable std::mutex mu_;
+  std::string state_ = "starting";
+  std::string reason_;
+  std::string last_activity_;
+  std::filesystem::path connection_file_;
+  ConnectionInfo conn_;
+  int pid_ = -1;
+  std::atomic<int> connections_{0};
+};
+
+// Per-kernel limits and timeouts.  Defaults are documented in DEV.md.
+struct KernelOptions {
+  std::chrono::milliseconds ready_timeout{60000};      // launch -> kernel_info_reply + iopub
+  std::chrono::milliseconds shutdown_grace{2500};      // shutdown_request -> SIGTERM
+  std::chrono::milliseconds terminate_grace{2500};     // SIGTERM -> SIGKILL
+  std::chrono::milliseconds heartbeat_interval{1000};  // hb ping period
+  int heartbeat_misses = 3;                             // missed pings -> "unresponsive" log
+  int launch_attempts = 3;              // relaunches on fresh ports after an early exit
+  std::size_t max_pending = 10000;      // requests awaiting a reply, per kernel
+  std::size_t max_held = 1000;          // client messages held while starting/restarting
+  std::size_t max_message_bytes = std::size_t{1} << 30;  // one message from a kernel
+};
+
+// What POST /api/kernels asks for, after the gateway applied its policies.
+struct StartRequest {
+  std::string spec_name;                      // resolved, existing kernelspec name
+  std::map<std::string, std::string> env;     // applied over kgate's env and the spec's env
+  std::filesystem::path cwd;                  // empty = kgate's cwd
+};
+
+struct StartResult {
+  KernelPtr kernel;    // set on success
+  std::string error;   // set on failure
+};
+
+// Owns the I/O thread and every kernel.  All public methods are thread-safe; callbacks run
+// on the I/O thread.
+class KernelManager {
+ public:
+  KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
+                std::function<std::optional<KernelSpec>(const std::string&)> find_spec,
+                KernelObserver* observer);
+  ~KernelManager();  // stops every kernel (bounded), then the thread
+  KernelManager(const KernelManager&) = delete;
+  KernelManager& operator=(const KernelManager&) = delete;
+
+  // Launches a kernel; `done` runs once it answered kernel_info with a live iopub, or failed.
+  void start(StartRequest req, std::function<void(StartResult)> done);
+  // Graceful shutdown (control shutdown_request, SIGTERM, SIGKILL), then the kernel is
+  // removed.  `done(false)` if no such kernel.
+  void shutdown(const std::string& id, std::function<void(bool)> done);
+  // shutdown_request{restart:true}, relaunch on the same ports, key and connection file.
+  void restart(const std::string& id, std::function<void(StartResult)> done);
+  // SIGINT to the process group (signal mode) or interrupt_request on control (message).
+  void interrupt(const std::string& id, std::function<void(bool)> done);
+  // Sends a client's message.  Requests are tracked until their reply; a dead kernel or a
+  // full table answers them with an error reply (exactly one reply per request).
+  void send(const std::string& id, ClientMessage msg);
+
+  KernelPtr get(const std::string& id) const;
+  std::vector<KernelPtr> list() const;
+  std::size_t count() const;
+
+  // Stops every kernel concurrently and waits (bounded by the shutdown graces).
+  void shutdown_all();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kgate

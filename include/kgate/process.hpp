@@ -1,0 +1,67 @@
+// Child processes: launching kernels in a new session, signalling them, watching for exit.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace kgate {
+
+struct LaunchOptions {
+  std::vector<std::string> argv;               // argv[0] is looked up on env's PATH if bare
+  std::map<std::string, std::string> env;      // the complete environment of the child
+  std::filesystem::path cwd;                   // empty = inherit
+  bool die_with_parent = true;                 // PR_SET_PDEATHSIG(SIGKILL) in the child
+};
+
+// A launched child.  Not copyable; the destructor does not kill the process (the owner
+// decides), but it closes the pidfd.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& o) noexcept;
+  ChildProcess& operator=(ChildProcess&& o) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess();
+
+  // fork+exec in a new session (setsid).  Throws std::system_error when the exec fails
+  // (the child reports errno back over a CLOEXEC pipe, so "no such file" is caught here).
+  static ChildProcess launch(const LaunchOptions& opts);
+
+  pid_t pid() const noexcept { return pid_; }
+  // A pollable fd that becomes readable when the process exits (pidfd_open); -1 if the
+  // kernel has none, in which case callers poll try_reap() on a timer.
+  int exit_fd() const noexcept { return pidfd_; }
+  bool running() const noexcept { return pid_ > 0 && !reaped_; }
+  // waitpid(WNOHANG).  Returns true once the process has exited (and records the status).
+  bool try_reap();
+  // Blocks up to `timeout_ms` for exit; returns true if it exited.
+  bool wait_for_exit(int timeout_ms);
+  // Sends `sig` to the process group (falls back to the pid).  No-op once reaped.
+  void signal_group(int sig);
+  // Sends `sig` to the process only.
+  void signal(int sig);
+  // The exit status as from waitpid (valid after try_reap() returned true).
+  int status() const noexcept { return status_; }
+  // "exited with code N" / "killed by signal SIGKILL".
+  std::string describe_exit() const;
+
+ private:
+  pid_t pid_ = -1;
+  int pidfd_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+// Finds a bare program name on PATH (as given in env, else the process's).  Returns the
+// name unchanged when it contains a slash or is not found.
+std::string find_program(const std::string& name, const std::map<std::string, std::string>& env);
+
+// The current process environment as a map.
+std::map<std::string, std::string> current_environment();
+
+}  // namespace kgate

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kgate's build and tests need, only those that are missing.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config ninja-build
+  libzmq3-dev cppzmq-dev nlohmann-json3-dev libboost-dev libboost-system-dev
+  libssl-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libtomlplusplus-dev
+  python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
+  python3-zmq python3-pytest procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

@@ -1,0 +1,277 @@
+// Connection files, Jupyter directory lookup and random identifiers (RAND_bytes).
+#include "kgate/connection.hpp"
+
+#include <fcntl.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+
+#include <openssl/rand.h>
+
+namespace kgate {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// An environment variable, or "" when unset.
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// $HOME, else the password database's home directory (like os.path.expanduser("~")).
+std::string home_dir() {
+  if (auto h = env("HOME"); !h.empty()) return h;
+  std::array<char, 4096> buf{};
+  passwd pw{};
+  passwd* result = nullptr;
+  if (getpwuid_r(getuid(), &pw, buf.data(), buf.size(), &result) == 0 && result &&
+      result->pw_dir) {
+    return result->pw_dir;
+  }
+  return "/";
+}
+
+// ---- ConnectionInfo JSON fields --------------------------------------------------------
+
+const json& require(const json& j, const char* field) {
+  const auto it = j.find(field);
+  if (it == j.end()) throw std::runtime_error(std::string("missing field '") + field + "'");
+  return *it;
+}
+
+int get_port(const json& j, const char* field) {
+  const json& v = require(j, field);
+  if (!v.is_number_integer()) {
+    throw std::runtime_error(std::string("field '") + field + "' must be an integer");
+  }
+  const bool in_range = v.is_number_unsigned() ? v.get<std::uint64_t>() <= 65535
+                                               : (v.get<std::int64_t>() >= 0 &&
+                                                  v.get<std::int64_t>() <= 65535);
+  if (!in_range) {
+    throw std::runtime_error(std::string("field '") + field + "' is not a valid port (0-65535)");
+  }
+  return static_cast<int>(v.get<std::int64_t>());
+}
+
+std::string get_string(const json& j, const char* field) {
+  const json& v = require(j, field);
+  if (!v.is_string()) {
+    throw std::runtime_error(std::string("field '") + field + "' must be a string");
+  }
+  return v.get<std::string>();
+}
+
+// An optional string field: `fallback` when absent, an error when present but not a string.
+std::string get_string_or(const json& j, const char* field, std::string fallback) {
+  if (!j.contains(field)) return fallback;
+  return get_string(j, field);
+}
+
+// ---- random ids ------------------------------------------------------------------------
+
+std::array<unsigned char, 16> random_uuid4() {
+  std::array<unsigned char, 16> b{};
+  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
+    throw std::runtime_error("OpenSSL RAND_bytes failed");
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  return b;
+}
+
+std::string format_uuid(bool dashes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const auto b = random_uuid4();
+  std::string out;
+  out.reserve(36);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (dashes && (i == 4 || i == 6 || i == 8 || i == 10)) out.push_back('-');
+    out.push_back(kHex[b[i] >> 4]);
+    out.push_back(kHex[b[i] & 0x0f]);
+  }
+  return out;
+}
+
+// ---- file helpers ----------------------------------------------------------------------
+
+[[noreturn]] void fail(const fs::path& path, const std::string& what) {
+  throw std::runtime_error(path.string() + ": " + what);
+}
+
+void write_all(int fd, std::string_view data, const fs::path& path) {
+  while (!data.empty()) {
+    const ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(path, "write: " + errno_text(errno));
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+// ---- ConnectionInfo --------------------------------------------------------------------
+
+std::string ConnectionInfo::endpoint(int port) const {
+  const std::string p = std::to_string(port);
+  if (transport == "ipc") return "ipc://" + ip + "-" + p;
+  return transport + "://" + ip + ":" + p;
+}
+
+json ConnectionInfo::to_json() const {
+  json j = {
+      {"shell_port", shell_port},
+      {"iopub_port", iopub_port},
+      {"stdin_port", stdin_port},
+      {"control_port", control_port},
+      {"hb_port", hb_port},
+      {"ip", ip},
+      {"key", key},
+      {"transport", transport},
+      {"signature_scheme", signature_scheme},
+      {"kernel_name", kernel_name},
+  };
+  if (!jupyter_session.empty()) j["jupyter_session"] = jupyter_session;
+  return j;
+}
+
+ConnectionInfo ConnectionInfo::from_json(const json& j) {
+  if (!j.is_object()) throw std::runtime_error("connection info is not a JSON object");
+  ConnectionInfo c;
+  c.shell_port = get_port(j, "shell_port");
+  c.iopub_port = get_port(j, "iopub_port");
+  c.stdin_port = get_port(j, "stdin_port");
+  c.control_port = get_port(j, "control_port");
+  c.hb_port = get_port(j, "hb_port");
+  c.ip = get_string(j, "ip");
+  c.key = get_string(j, "key");
+  // Older writers omit these; jupyter_client falls back to the same defaults.
+  c.transport = get_string_or(j, "transport", "tcp");
+  if (c.transport != "tcp" && c.transport != "ipc") {
+    throw std::runtime_error("field 'transport' must be \"tcp\" or \"ipc\", got \"" +
+                             c.transport + "\"");
+  }
+  c.signature_scheme = get_string_or(j, "signature_scheme", "hmac-sha256");
+  c.kernel_name = get_string_or(j, "kernel_name", "");
+  c.jupyter_session = get_string_or(j, "jupyter_session", "");
+  return c;
+}
+
+ConnectionInfo load_connection_info(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) fail(path, "is a directory, not a connection file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open connection file: " + errno_text(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail(path, "cannot read connection file");
+  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) fail(path, "connection file is not valid JSON");
+  try {
+    return ConnectionInfo::from_json(j);
+  } catch (const std::runtime_error& e) {
+    fail(path, e.what());
+  }
+}
+
+void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const fs::path tmp = dir / ("." + path.filename().string() + "." + new_hex_id() + ".tmp");
+  const std::string text = info.to_json().dump(2) + "\n";
+
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) fail(path, "cannot create " + tmp.string() + ": " + errno_text(errno));
+  try {
+    if (::fchmod(fd, 0600) != 0) fail(path, "fchmod: " + errno_text(errno));
+    write_all(fd, text, path);
+    if (::fsync(fd) != 0) fail(path, "fsync: " + errno_text(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    fail(path, "close: " + errno_text(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    fail(path, "rename: " + errno_text(err));
+  }
+  // Make the rename itself durable; best effort, the file is already in place.
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// ---- Jupyter directories ---------------------------------------------------------------
+
+fs::path jupyter_data_dir() {
+  if (auto d = env("JUPYTER_DATA_DIR"); !d.empty()) return d;
+  std::string xdg = env("XDG_DATA_HOME");
+  if (xdg.empty()) xdg = (fs::path(home_dir()) / ".local" / "share").string();
+  return fs::path(xdg) / "jupyter";
+}
+
+fs::path jupyter_runtime_dir() {
+  if (auto d = env("JUPYTER_RUNTIME_DIR"); !d.empty()) return d;
+  return jupyter_data_dir() / "runtime";
+}
+
+void ensure_private_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(dir, "cannot create directory: " + ec.message());
+  if (!fs::is_directory(dir, ec)) fail(dir, "not a directory");
+  if (::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
+}
+
+std::vector<fs::path> kernelspec_dirs() {
+  std::vector<fs::path> dirs;
+  const auto add = [&dirs](fs::path p) {
+    for (const auto& d : dirs) {
+      if (d == p) return;
+    }
+    dirs.push_back(std::move(p));
+  };
+  const std::string jp = env("JUPYTER_PATH");
+  std::string_view rest = jp;
+  while (!rest.empty()) {
+    const auto colon = rest.find(':');
+    std::string_view entry = rest.substr(0, colon);
+    rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    while (entry.size() > 1 && entry.back() == '/') entry.remove_suffix(1);
+    if (entry.empty()) continue;
+    add(fs::path(entry) / "kernels");
+  }
+  add(jupyter_data_dir() / "kernels");
+  add("/usr/local/share/jupyter/kernels");
+  add("/usr/share/jupyter/kernels");
+  return dirs;
+}
+
+// ---- random ids ------------------------------------------------------------------------
+
+std::string new_uuid() { return format_uuid(true); }
+std::string new_hex_id() { return format_uuid(false); }
+
+}  // namespace kgate

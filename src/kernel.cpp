@@ -1,0 +1,1065 @@
+// The kernel runtime: one I/O thread owns every kernel's sockets, process and timers.
+//
+// Threading: every zmq socket, ChildProcess and KernelIo below is touched only by the I/O
+// thread ("kgate-io").  Other threads reach it through Impl::post(), which queues a closure
+// and wakes the poll loop through an eventfd.  Kernel objects (the models) are shared and
+// guard their own fields with a mutex.
+#include "kgate/kernel.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <csignal>
+#include <deque>
+#include <queue>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+#include "kgate/process.hpp"
+
+namespace kgate {
+
+using Clock = std::chrono::steady_clock;
+
+std::string_view channel_name(Channel c) noexcept {
+  switch (c) {
+    case Channel::shell: return "shell";
+    case Channel::control: return "control";
+    case Channel::stdin_: return "stdin";
+    case Channel::iopub: return "iopub";
+  }
+  return "shell";
+}
+
+std::optional<Channel> parse_channel(std::string_view name) noexcept {
+  if (name == "shell") return Channel::shell;
+  if (name == "control") return Channel::control;
+  if (name == "stdin") return Channel::stdin_;
+  if (name == "iopub") return Channel::iopub;
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel (the shared model)
+
+KernelModel Kernel::model() const {
+  std::lock_guard lk(mu_);
+  KernelModel m;
+  m.id = id_;
+  m.name = spec_.name;
+  m.execution_state = state_;
+  m.last_activity = last_activity_;
+  m.connections = connections_.load();
+  m.reason = reason_;
+  return m;
+}
+
+std::string Kernel::execution_state() const {
+  std::lock_guard lk(mu_);
+  return state_;
+}
+
+std::filesystem::path Kernel::connection_file() const {
+  std::lock_guard lk(mu_);
+  return connection_file_;
+}
+
+ConnectionInfo Kernel::connection_info() const {
+  std::lock_guard lk(mu_);
+  return conn_;
+}
+
+int Kernel::pid() const {
+  std::lock_guard lk(mu_);
+  return pid_;
+}
+
+void Kernel::set_state(std::string state, std::string reason) {
+  std::lock_guard lk(mu_);
+  state_ = std::move(state);
+  reason_ = std::move(reason);
+}
+
+void Kernel::touch() {
+  auto now = iso_now();
+  std::lock_guard lk(mu_);
+  last_activity_ = std::move(now);
+}
+
+void Kernel::set_process(int pid, std::filesystem::path file, ConnectionInfo conn) {
+  std::lock_guard lk(mu_);
+  pid_ = pid;
+  connection_file_ = std::move(file);
+  conn_ = std::move(conn);
+}
+
+// ---------------------------------------------------------------------------------------
+// I/O-thread state of one kernel
+
+namespace {
+
+enum class Phase { launching, ready, restarting, stopping, dead };
+
+struct Pending {
+  Channel channel;
+  std::string msg_type;
+  std::string header;  // the request's header text: the parent of a synthesized reply
+  std::string route;
+};
+
+std::string reply_type(const std::string& request_type) {
+  static constexpr std::string_view suffix = "_request";
+  if (request_type.size() > suffix.size() &&
+      request_type.compare(request_type.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return request_type.substr(0, request_type.size() - suffix.size()) + "_reply";
+  return request_type + "_reply";
+}
+
+// Binds `n` loopback TCP sockets to port 0 together (so the ports are distinct), reads the
+// ports and closes them.  Ports in `avoid` are skipped.  The kernel binds them shortly after;
+// a collision in that window shows up as an early exit, which relaunches on fresh ports.
+std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid) {
+  std::vector<int> ports;
+  std::vector<int> fds;
+  for (int tries = 0; ports.size() < n && tries < 100; ++tries) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = 0;
+    if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      break;
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    fds.push_back(fd);
+    int port = ntohs(a.sin_port);
+    if (!avoid.count(port)) ports.push_back(port);
+  }
+  for (int fd : fds) ::close(fd);
+  if (ports.size() < n) throw std::runtime_error("cannot reserve TCP ports for a kernel on " + ip);
+  return ports;
+}
+
+}  // namespace
+
+struct KernelIo {
+  KernelPtr kernel;
+  StartRequest request;
+  std::unique_ptr<Signer> signer;
+  ConnectionInfo conn;
+  std::filesystem::path file;
+  ChildProcess proc;
+  std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
+  std::string session = new_hex_id();  // kgate's own session id with this kernel
+  Phase phase = Phase::launching;
+  int attempts = 0;
+  std::uint64_t epoch = 0;  // bumped per launch: stale timers check it
+
+  // Readiness: a kernel_info_reply plus any iopub message since the request.
+  std::string ready_msg_id;
+  bool ready_reply = false;
+  bool iopub_seen = false;
+  Clock::time_point ready_deadline;
+  std::vector<std::function<void(StartResult)>> start_waiters;
+  std::vector<std::function<void(bool)>> stop_waiters;
+  bool restart_requested = false;
+
+  std::deque<ClientMessage> held;  // client messages waiting for readiness
+  std::unordered_map<std::string, Pending> pending;
+  std::unordered_set<std::string> internal;  // msg_ids of kgate's own requests
+  std::deque<std::string> recent_control;    // control msg_ids whose statuses are ignored
+
+  // Heartbeat.
+  bool hb_waiting = false;
+  int hb_misses = 0;
+  bool hb_warned = false;
+  std::uint64_t hb_seq = 0;
+
+  bool sockets_open() const { return shell != nullptr; }
+};
+
+// ---------------------------------------------------------------------------------------
+
+struct KernelManager::Impl {
+  Impl(KernelOptions o, std::filesystem::path rd,
+       std::function<std::optional<KernelSpec>(const std::string&)> fs, KernelObserver* ob)
+      : opts(o), runtime_dir(std::move(rd)), find_spec(std::move(fs)), observer(ob) {}
+
+  KernelOptions opts;
+  std::filesystem::path runtime_dir;
+  std::function<std::optional<KernelSpec>(const std::string&)> find_spec;
+  KernelObserver* observer;
+
+  zmq::context_t ctx{1};
+  int wake_fd = -1;
+  std::mutex qmu;
+  std::deque<std::function<void()>> queue;
+  std::atomic<bool> stopping{false};
+  std::thread thread;
+
+  mutable std::mutex kmu;
+  std::map<std::string, KernelPtr> kernels;  // every live or dead kernel, by id
+
+  // ---- I/O thread only ----
+  std::map<std::string, std::unique_ptr<KernelIo>> io;
+  struct Timer {
+    Clock::time_point when;
+    std::uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Timer& o) const { return when != o.when ? when > o.when : seq > o.seq; }
+  };
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers;
+  std::uint64_t timer_seq = 0;
+  std::set<int> reserved_ports;
+  std::uint64_t dropped_invalid = 0;
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard lk(qmu);
+      queue.push_back(std::move(fn));
+    }
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto n = ::write(wake_fd, &one, sizeof one);
+  }
+
+  void after(std::chrono::milliseconds d, std::function<void()> fn) {
+    timers.push(Timer{Clock::now() + d, timer_seq++, std::move(fn)});
+  }
+
+  KernelIo* find(const std::string& id) {
+    auto it = io.find(id);
+    return it == io.end() ? nullptr : it->second.get();
+  }
+
+  void run();
+  void poll_once();
+  void on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
+  void on_hb(KernelIo& k);
+  void on_exit(KernelIo& k);
+  void handle_message(KernelIo& k, Channel ch, KernelMessage&& m);
+
+  void launch(KernelIo& k, bool fresh_ports);
+  void open_sockets(KernelIo& k);
+  void close_sockets(KernelIo& k);
+  void send_internal(KernelIo& k, Channel ch, const std::string& msg_type, json content);
+  void send_kernel_info(KernelIo& k);
+  void check_ready(KernelIo& k);
+  void became_ready(KernelIo& k);
+  void fail_start(KernelIo& k, const std::string& why);
+  void send_now(KernelIo& k, ClientMessage& m);
+  void refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
+              const std::string& evalue);
+  void fail_pending(KernelIo& k, const std::string& ename, const std::string& evalue);
+  void broadcast_status(KernelIo& k, const std::string& state);
+  void deliver(KernelIo& k, KernelMessage&& m);
+  void begin_stop(KernelIo& k, bool restart);
+  void finish_removal(KernelIo& k);
+  void heartbeat_tick(const std::string& id, std::uint64_t epoch);
+};
+
+// ---------------------------------------------------------------------------------------
+// Launch and readiness
+
+void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
+  ++k.epoch;
+  ++k.attempts;
+  if (fresh_ports || k.conn.shell_port == 0) {
+    for (int p : {k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port,
+                  k.conn.hb_port})
+      reserved_ports.erase(p);
+    auto ports = pick_ports(k.conn.ip, 5, reserved_ports);
+    k.conn.shell_port = ports[0];
+    k.conn.iopub_port = ports[1];
+    k.conn.stdin_port = ports[2];
+    k.conn.control_port = ports[3];
+    k.conn.hb_port = ports[4];
+    for (int p : ports) reserved_ports.insert(p);
+  }
+  write_connection_file(k.file, k.conn);
+
+  const KernelSpec& spec = k.kernel->spec();
+  LaunchOptions lo;
+  lo.env = current_environment();
+  for (const auto& [name, value] : spec.env) lo.env[name] = expand_env(value, lo.env);
+  for (const auto& [name, value] : k.request.env) lo.env[name] = value;
+  lo.env["JPY_PARENT_PID"] = std::to_string(::getpid());
+  for (const auto& a : spec.argv) {
+    std::string arg = a;
+    for (auto [key, val] : {std::pair<std::string_view, std::string>{"{connection_file}", k.file.string()},
+                            {"{resource_dir}", spec.resource_dir.string()}}) {
+      for (auto pos = arg.find(key); pos != std::string::npos; pos = arg.find(key, pos + val.size()))
+        arg.replace(pos, key.size(), val);
+    }
+    lo.argv.push_back(std::move(arg));
+  }
+  lo.cwd = k.request.cwd;
+  lo.die_with_parent = true;
+
+  k.proc = ChildProcess::launch(lo);  // throws std::system_error when exec fails
+  k.kernel->set_process(k.proc.pid(), k.file, k.conn);
+  spdlog::info("kernel {}: launched {} (pid {}, attempt {})", k.kernel->id(), spec.name,
+               k.proc.pid(), k.attempts);
+
+  open_sockets(k);
+  k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
+  k.ready_reply = false;
+  k.iopub_seen = false;
+  k.ready_deadline = Clock::now() + opts.ready_timeout;
+  send_kernel_info(k);
+}
+
+void KernelManager::Impl::open_sockets(KernelIo& k) {
+  close_sockets(k);
+  auto make = [&](zmq::socket_type t, int port) {
+    auto s = std::make_unique<zmq::socket_t>(ctx, t);
+    s->set(zmq::sockopt::linger, 0);
+    if (t == zmq::socket_type::dealer) s->set(zmq::sockopt::routing_id, k.session);
+    if (t == zmq::socket_type::sub) {
+      s->set(zmq::sockopt::rcvhwm, 0);  // never shed here: clients' queues are the bound
+      s->set(zmq::sockopt::subscribe, "");
+    }
+    s->connect(k.conn.endpoint(port));
+    return s;
+  };
+  k.shell = make(zmq::socket_type::dealer, k.conn.shell_port);
+  k.control = make(zmq::socket_type::dealer, k.conn.control_port);
+  k.stdin_ = make(zmq::socket_type::dealer, k.conn.stdin_port);
+  k.iopub = make(zmq::socket_type::sub, k.conn.iopub_port);
+  k.hb = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  k.hb->set(zmq::sockopt::linger, 0);
+  k.hb->connect(k.conn.endpoint(k.conn.hb_port));
+  k.hb_waiting = false;
+  k.hb_misses = 0;
+  k.hb_warned = false;
+}
+
+void KernelManager::Impl::close_sockets(KernelIo& k) {
+  k.shell.reset();
+  k.control.reset();
+  k.stdin_.reset();
+  k.iopub.reset();
+  k.hb.reset();
+}
+
+void KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::string& msg_type,
+                                        json content) {
+  if (!k.sockets_open()) return;
+  json header = make_header(msg_type, k.session);
+  WireMessage w;
+  w.header = header.dump();
+  w.parent_header = "{}";
+  w.metadata = "{}";
+  w.content = content.dump();
+  std::string id = header["msg_id"].get<std::string>();
+  k.internal.insert(id);
+  if (ch == Channel::control) {
+    k.recent_control.push_back(id);
+    if (k.recent_control.size() > 64) k.recent_control.pop_front();
+  }
+  if (msg_type == "kernel_info_request") k.ready_msg_id = id;
+  auto frames = encode(w, *k.signer);
+  zmq::socket_t& s = ch == Channel::control ? *k.control : *k.shell;
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    auto flags = zmq::send_flags::dontwait;
+    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
+    if (!s.send(zmq::buffer(frames[i]), flags)) {
+      spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
+      return;
+    }
+  }
+}
+
+void KernelManager::Impl::send_kernel_info(KernelIo& k) {
+  if (k.phase != Phase::launching && k.phase != Phase::restarting) return;
+  if (Clock::now() > k.ready_deadline) {
+    fail_start(k, "kernel did not become ready within " +
+                      std::to_string(opts.ready_timeout.count() / 1000) + " s");
+    return;
+  }
+  k.iopub_seen = false;
+  k.ready_reply = false;
+  send_internal(k, Channel::shell, "kernel_info_request", json::object());
+  // Resend until both halves of readiness are seen: every request produces busy/idle on
+  // iopub, so a reply without iopub means the subscription was not live yet.
+  auto id = k.kernel->id();
+  auto epoch = k.epoch;
+  after(std::chrono::milliseconds(k.ready_reply ? 200 : 500), [this, id, epoch] {
+    KernelIo* kk = find(id);
+    if (kk && kk->epoch == epoch) send_kernel_info(*kk);
+  });
+}
+
+void KernelManager::Impl::check_ready(KernelIo& k) {
+  if ((k.phase == Phase::launching || k.phase == Phase::restarting) && k.ready_reply &&
+      k.iopub_seen)
+    became_ready(k);
+}
+
+void KernelManager::Impl::became_ready(KernelIo& k) {
+  bool was_restart = k.phase == Phase::restarting;
+  k.phase = Phase::ready;
+  k.restart_requested = false;
+  ++k.epoch;  // cancels the readiness resend timer
+  k.attempts = 0;
+  k.kernel->set_state("idle");
+  k.kernel->touch();
+  spdlog::info("kernel {}: ready{}", k.kernel->id(), was_restart ? " after restart" : "");
+  auto held = std::move(k.held);
+  k.held.clear();
+  for (auto& m : held) send_now(k, m);
+  auto waiters = std::move(k.start_waiters);
+  k.start_waiters.clear();
+  for (auto& w : waiters) w(StartResult{k.kernel, {}});
+  heartbeat_tick(k.kernel->id(), k.epoch);
+}
+
+void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
+  spdlog::error("kernel {}: start failed: {}", k.kernel->id(), why);
+  if (k.proc.running()) {
+    k.proc.signal_group(SIGKILL);
+    k.proc.wait_for_exit(1000);
+  }
+  close_sockets(k);
+  k.phase = Phase::dead;
+  k.kernel->set_state("dead", why);
+  fail_pending(k, "KernelStartFailed", why);
+  for (auto& m : k.held) refuse(k, m, "KernelStartFailed", why);
+  k.held.clear();
+  broadcast_status(k, "dead");
+  std::error_code ec;
+  std::filesystem::remove(k.file, ec);
+  auto waiters = std::move(k.start_waiters);
+  k.start_waiters.clear();
+  bool was_restart = k.restart_requested;
+  k.restart_requested = false;
+  if (!was_restart) {
+    // A kernel that never started is not kept: the POST that asked for it gets the error.
+    auto id = k.kernel->id();
+    finish_removal(k);
+    for (auto& w : waiters) w(StartResult{nullptr, why});
+    (void)id;
+    return;
+  }
+  for (auto& w : waiters) w(StartResult{nullptr, why});
+}
+
+// ---------------------------------------------------------------------------------------
+// Messages
+
+void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
+  if (m.channel == Channel::shell || m.channel == Channel::control) {
+    if (k.pending.size() >= opts.max_pending) {
+      refuse(k, m, "TooManyRequests",
+             "kgate: " + std::to_string(opts.max_pending) +
+                 " requests to this kernel are awaiting replies; wait for some to finish");
+      return;
+    }
+  }
+  zmq::socket_t* s = nullptr;
+  switch (m.channel) {
+    case Channel::shell: s = k.shell.get(); break;
+    case Channel::control: s = k.control.get(); break;
+    case Channel::stdin_: s = k.stdin_.get(); break;
+    case Channel::iopub: return;  // clients do not publish
+  }
+  if (!s) {
+    refuse(k, m, "KernelNotRunning", "kgate: the kernel is not running");
+    return;
+  }
+  auto frames = encode(m.wire, *k.signer);
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    auto flags = zmq::send_flags::dontwait;
+    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
+    if (!s->send(zmq::buffer(frames[i]), flags)) {
+      // Only the first frame can fail this way (a full pipe accepts no new message).
+      refuse(k, m, "KernelBusy", "kgate: the kernel's " + std::string(channel_name(m.channel)) +
+                                     " queue is full; try again");
+      return;
+    }
+  }
+  if (m.channel == Channel::shell || m.channel == Channel::control) {
+    k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
+    if (m.channel == Channel::control) {
+      k.recent_control.push_back(m.msg_id);
+      if (k.recent_control.size() > 64) k.recent_control.pop_front();
+    }
+  }
+}
+
+void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
+                                 const std::string& evalue) {
+  if (m.channel != Channel::shell && m.channel != Channel::control) {
+    spdlog::warn("kernel {}: dropped {} from {}: {}", k.kernel->id(), m.msg_type, m.route, evalue);
+    return;
+  }
+  KernelMessage r;
+  r.channel = m.channel;
+  r.synthesized = true;
+  r.route = m.route;
+  r.msg_type = reply_type(m.msg_type);
+  json header = make_header(r.msg_type, k.session);
+  r.msg_id = header["msg_id"].get<std::string>();
+  r.parent_msg_id = m.msg_id;
+  r.wire.header = header.dump();
+  r.wire.parent_header = m.wire.header;
+  r.wire.metadata = "{}";
+  r.wire.content =
+      json{{"status", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", json::array()}}
+          .dump();
+  deliver(k, std::move(r));
+}
+
+void KernelManager::Impl::fail_pending(KernelIo& k, const std::string& ename,
+                                       const std::string& evalue) {
+  auto pending = std::move(k.pending);
+  k.pending.clear();
+  for (auto& [id, p] : pending) {
+    ClientMessage m;
+    m.channel = p.channel;
+    m.msg_id = id;
+    m.msg_type = p.msg_type;
+    m.route = p.route;
+    m.wire.header = p.header;
+    refuse(k, m, ename, evalue);
+  }
+  k.internal.clear();
+}
+
+void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state) {
+  KernelMessage m;
+  m.channel = Channel::iopub;
+  m.synthesized = true;
+  m.msg_type = "status";
+  json header = make_header("status", k.session);
+  m.msg_id = header["msg_id"].get<std::string>();
+  m.wire.header = header.dump();
+  m.wire.parent_header = "{}";
+  m.wire.metadata = "{}";
+  m.wire.content = json{{"execution_state", state}}.dump();
+  deliver(k, std::move(m));
+}
+
+void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
+  if (observer) observer->on_kernel_message(k.kernel, std::make_shared<const KernelMessage>(std::move(m)));
+}
+
+void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch) {
+  DecodeLimits limits;
+  limits.max_message_bytes = opts.max_message_bytes;
+  // Bounded per pass so one flooding kernel cannot starve the others.
+  for (int n = 0; n < 256; ++n) {
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t part;
+      auto r = sock.recv(part, zmq::recv_flags::dontwait);
+      if (!r) break;
+      bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) break;
+    }
+    if (parts.empty()) return;
+    std::vector<std::string_view> frames;
+    frames.reserve(parts.size());
+    for (auto& p : parts) frames.emplace_back(static_cast<const char*>(p.data()), p.size());
+    KernelMessage m;
+    m.channel = ch;
+    if (auto ec = decode(frames, *k.signer, m.wire, limits)) {
+      ++dropped_invalid;
+      spdlog::warn("kernel {}: dropped a message on {}: {} ({} dropped so far)", k.kernel->id(),
+                   channel_name(ch), ec.message(), dropped_invalid);
+      continue;
+    }
+    m.wire.identities.clear();
+    json header = json::parse(m.wire.header, nullptr, false);
+    json parent = json::parse(m.wire.parent_header, nullptr, false);
+    if (!header.is_object()) continue;
+    m.msg_id = header.value("msg_id", "");
+    m.msg_type = header.value("msg_type", "");
+    if (parent.is_object()) m.parent_msg_id = parent.value("msg_id", "");
+    // The KernelIo may be removed while handling (a dead kernel); stop reading then.
+    auto id = k.kernel->id();
+    handle_message(k, ch, std::move(m));
+    if (!find(id) || !k.sockets_open()) return;
+  }
+}
+
+void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&& m) {
+  if (ch == Channel::iopub) {
+    k.kernel->touch();
+    if (m.msg_type == "status") {
+      bool control_parent = std::find(k.recent_control.begin(), k.recent_control.end(),
+                                      m.parent_msg_id) != k.recent_control.end();
+      json content = json::parse(m.wire.content, nullptr, false);
+      std::string state = content.is_object() ? content.value("execution_state", "") : "";
+      // The busy/idle around a control request says nothing about the shell: skip it.
+      if (k.phase == Phase::ready && !control_parent && (state == "busy" || state == "idle"))
+        k.kernel->set_state(state);
+    }
+    if (k.phase == Phase::launching || k.phase == Phase::restarting) {
+      k.iopub_seen = true;
+      check_ready(k);
+    }
+    deliver(k, std::move(m));
+    return;
+  }
+  if (ch == Channel::stdin_) {
+    auto it = k.pending.find(m.parent_msg_id);
+    if (it == k.pending.end()) {
+      spdlog::warn("kernel {}: {} for an unknown request {}; dropped", k.kernel->id(), m.msg_type,
+                   m.parent_msg_id);
+      return;
+    }
+    m.route = it->second.route;
+    deliver(k, std::move(m));
+    return;
+  }
+  // shell / control replies
+  if (k.internal.erase(m.parent_msg_id)) {
+    if (m.msg_type == "kernel_info_reply" && m.parent_msg_id == k.ready_msg_id) {
+      k.ready_reply = true;
+      check_ready(k);
+    }
+    return;
+  }
+  auto it = k.pending.find(m.parent_msg_id);
+  if (it == k.pending.end()) {
+    spdlog::debug("kernel {}: {} for an unknown request {}; dropped", k.kernel->id(), m.msg_type,
+                  m.parent_msg_id);
+    return;
+  }
+  m.route = it->second.route;
+  k.pending.erase(it);
+  deliver(k, std::move(m));
+}
+
+// ---------------------------------------------------------------------------------------
+// Heartbeat, exit, stop
+
+void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t epoch) {
+  KernelIo* k = find(id);
+  if (!k || k->epoch != epoch || k->phase != Phase::ready || !k->hb) return;
+  if (k->hb_waiting) {
+    ++k->hb_misses;
+    if (k->hb_misses >= opts.heartbeat_misses && !k->hb_warned) {
+      k->hb_warned = true;
+      spdlog::warn("kernel {}: no heartbeat for {} s (process {} still running)", id,
+                   k->hb_misses * opts.heartbeat_interval.count() / 1000, k->proc.pid());
+    }
+  }
+  std::string ping = std::to_string(++k->hb_seq);
+  if (k->hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k->hb_waiting = true;
+  after(opts.heartbeat_interval, [this, id, epoch] { heartbeat_tick(id, epoch); });
+}
+
+void KernelManager::Impl::on_hb(KernelIo& k) {
+  zmq::message_t msg;
+  while (k.hb->recv(msg, zmq::recv_flags::dontwait)) {
+    k.hb_waiting = false;
+    if (k.hb_warned) spdlog::info("kernel {}: heartbeat is back", k.kernel->id());
+    k.hb_misses = 0;
+    k.hb_warned = false;
+  }
+}
+
+void KernelManager::Impl::on_exit(KernelIo& k) {
+  if (!k.proc.try_reap()) return;
+  std::string how = k.proc.describe_exit();
+  auto id = k.kernel->id();
+  switch (k.phase) {
+    case Phase::launching:
+    case Phase::restarting:
+      if (k.attempts < opts.launch_attempts) {
+        spdlog::warn("kernel {}: exited during startup ({}); relaunching on fresh ports", id, how);
+        try {
+          launch(k, /*fresh_ports=*/true);
+        } catch (const std::exception& e) {
+          fail_start(k, e.what());
+        }
+      } else {
+        fail_start(k, "kernel " + how + " during startup (" + std::to_string(k.attempts) +
+                          " attempts)");
+      }
+      return;
+    case Phase::ready: {
+      spdlog::error("kernel {}: died ({})", id, how);
+      close_sockets(k);
+      k.phase = Phase::dead;
+      k.kernel->set_state("dead", "kernel " + how);
+      fail_pending(k, "KernelDied", "kgate: the kernel " + how);
+      broadcast_status(k, "dead");
+      std::error_code ec;
+      std::filesystem::remove(k.file, ec);
+      return;
+    }
+    case Phase::stopping:
+      if (k.restart_requested) {
+        k.phase = Phase::restarting;
+        k.attempts = 0;
+        try {
+          launch(k, /*fresh_ports=*/false);
+        } catch (const std::exception& e) {
+          fail_start(k, e.what());
+        }
+        return;
+      }
+      finish_removal(k);
+      return;
+    case Phase::dead:
+      return;
+  }
+}
+
+void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
+  auto id = k.kernel->id();
+  if (!k.proc.running()) {
+    if (restart) {
+      k.restart_requested = true;
+      k.phase = Phase::restarting;
+      k.kernel->set_state("restarting");
+      broadcast_status(k, "restarting");
+      k.attempts = 0;
+      try {
+        launch(k, false);
+      } catch (const std::exception& e) {
+        fail_start(k, e.what());
+      }
+    } else {
+      finish_removal(k);
+    }
+    return;
+  }
+  k.restart_requested = restart;
+  fail_pending(k, restart ? "KernelRestarted" : "KernelShutdown",
+               restart ? "kgate: the kernel was restarted" : "kgate: the kernel was shut down");
+  for (auto& m : k.held) refuse(k, m, "KernelShutdown", "kgate: the kernel was shut down");
+  k.held.clear();
+  k.kernel->set_state(restart ? "restarting" : k.kernel->execution_state());
+  if (restart) broadcast_status(k, "restarting");
+  k.phase = Phase::stopping;
+  ++k.epoch;
+  send_internal(k, Channel::control, "shutdown_request", json{{"restart", restart}});
+  auto epoch = k.epoch;
+  after(opts.shutdown_grace, [this, id, epoch] {
+    KernelIo* kk = find(id);
+    if (!kk || kk->epoch != epoch || kk->phase != Phase::stopping) return;
+    spdlog::info("kernel {}: no exit after shutdown_request; SIGTERM", id);
+    kk->proc.signal_group(SIGTERM);
+    after(opts.terminate_grace, [this, id, epoch] {
+      KernelIo* k3 = find(id);
+      if (!k3 || k3->epoch != epoch || k3->phase != Phase::stopping) return;
+      spdlog::warn("kernel {}: no exit after SIGTERM; SIGKILL", id);
+      k3->proc.signal_group(SIGKILL);
+    });
+  });
+}
+
+void KernelManager::Impl::finish_removal(KernelIo& k) {
+  auto id = k.kernel->id();
+  if (k.proc.running()) {
+    k.proc.signal_group(SIGKILL);
+    k.proc.wait_for_exit(1000);
+  }
+  close_sockets(k);
+  fail_pending(k, "KernelShutdown", "kgate: the kernel was shut down");
+  std::error_code ec;
+  std::filesystem::remove(k.file, ec);
+  for (int p : {k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port,
+                k.conn.hb_port})
+    reserved_ports.erase(p);
+  KernelPtr kernel = k.kernel;
+  auto waiters = std::move(k.stop_waiters);
+  {
+    std::lock_guard lk(kmu);
+    kernels.erase(id);
+  }
+  io.erase(id);  // k is gone from here on
+  spdlog::info("kernel {}: removed", id);
+  if (observer) observer->on_kernel_removed(kernel);
+  for (auto& w : waiters) w(true);
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop
+
+void KernelManager::Impl::run() {
+  while (true) {
+    std::deque<std::function<void()>> work;
+    {
+      std::lock_guard lk(qmu);
+      work.swap(queue);
+    }
+    for (auto& fn : work) fn();
+    while (!timers.empty() && timers.top().when <= Clock::now()) {
+      auto fn = timers.top().fn;
+      timers.pop();
+      fn();
+    }
+    if (stopping.load() && io.empty()) {
+      std::lock_guard lk(qmu);
+      if (queue.empty()) return;
+    }
+    poll_once();
+  }
+}
+
+void KernelManager::Impl::poll_once() {
+  struct Slot {
+    std::string id;
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake
+  };
+  std::vector<zmq::pollitem_t> items;
+  std::vector<Slot> slots;
+  items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+  slots.push_back({{}, 6});
+  for (auto& [id, kp] : io) {
+    KernelIo& k = *kp;
+    if (k.sockets_open()) {
+      zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
+                                k.hb.get()};
+      for (int i = 0; i < 5; ++i) {
+        items.push_back({socks[i]->handle(), 0, ZMQ_POLLIN, 0});
+        slots.push_back({id, i});
+      }
+    }
+    if (k.proc.running() && k.proc.exit_fd() >= 0) {
+      items.push_back({nullptr, k.proc.exit_fd(), ZMQ_POLLIN, 0});
+      slots.push_back({id, 5});
+    }
+  }
+  long timeout = 1000;
+  if (!timers.empty()) {
+    auto d = std::chrono::duration_cast<std::chrono::milliseconds>(timers.top().when - Clock::now()).count();
+    timeout = std::clamp<long>(d, 0, 1000);
+  }
+  // Without pidfds, exits are found by polling waitpid.
+  bool have_nopidfd = false;
+  for (auto& [id, kp] : io)
+    if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
+  if (have_nopidfd) timeout = std::min(timeout, 100L);
+
+  int rc = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
+  if (have_nopidfd) {
+    std::vector<std::string> ids;
+    for (auto& [id, kp] : io)
+      if (kp->proc.running() && kp->proc.exit_fd() < 0) ids.push_back(id);
+    for (auto& id : ids)
+      if (KernelIo* k = find(id)) on_exit(*k);
+  }
+  if (rc <= 0) return;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (!(items[i].revents & ZMQ_POLLIN)) continue;
+    const Slot& s = slots[i];
+    if (s.kind == 6) {
+      std::uint64_t v;
+      [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
+      continue;
+    }
+    KernelIo* k = find(s.id);
+    if (!k) continue;
+    switch (s.kind) {
+      case 0: if (k->shell) on_readable(*k, *k->shell, Channel::shell); break;
+      case 1: if (k->control) on_readable(*k, *k->control, Channel::control); break;
+      case 2: if (k->stdin_) on_readable(*k, *k->stdin_, Channel::stdin_); break;
+      case 3: if (k->iopub) on_readable(*k, *k->iopub, Channel::iopub); break;
+      case 4: if (k->hb) on_hb(*k); break;
+      case 5: on_exit(*k); break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Public API
+
+KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
+                             std::function<std::optional<KernelSpec>(const std::string&)> find_spec,
+                             KernelObserver* observer)
+    : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), std::move(find_spec), observer)) {
+  impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  impl_->thread = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kgate-io");
+    impl_->run();
+  });
+}
+
+KernelManager::~KernelManager() {
+  shutdown_all();
+  impl_->stopping = true;
+  impl_->post([] {});
+  if (impl_->thread.joinable()) impl_->thread.join();
+  ::close(impl_->wake_fd);
+}
+
+void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
+  auto spec = impl_->find_spec(req.spec_name);
+  if (!spec) {
+    done(StartResult{nullptr, "No such kernel named " + req.spec_name});
+    return;
+  }
+  auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(*spec));
+  impl_->post([this, kernel, req = std::move(req), done = std::move(done)]() mutable {
+    Impl& m = *impl_;
+    if (m.stopping) {
+      done(StartResult{nullptr, "kgate is shutting down"});
+      return;
+    }
+    auto k = std::make_unique<KernelIo>();
+    k->kernel = kernel;
+    k->request = std::move(req);
+    k->conn.key = new_uuid();
+    k->conn.kernel_name = kernel->spec().name;
+    k->conn.ip = "127.0.0.1";
+    k->signer = std::make_unique<Signer>(k->conn.key, k->conn.signature_scheme);
+    k->file = m.runtime_dir / ("kernel-" + kernel->id() + ".json");
+    k->start_waiters.push_back(std::move(done));
+    KernelIo& ref = *k;
+    m.io.emplace(kernel->id(), std::move(k));
+    {
+      std::lock_guard lk(m.kmu);
+      m.kernels.emplace(kernel->id(), kernel);
+    }
+    kernel->touch();
+    try {
+      m.launch(ref, /*fresh_ports=*/true);
+    } catch (const std::exception& e) {
+      m.fail_start(ref, e.what());
+    }
+  });
+}
+
+void KernelManager::shutdown(const std::string& id, std::function<void(bool)> done) {
+  impl_->post([this, id, done = std::move(done)]() mutable {
+    KernelIo* k = impl_->find(id);
+    if (!k) {
+      done(false);
+      return;
+    }
+    k->stop_waiters.push_back(std::move(done));
+    if (k->phase == Phase::stopping && !k->restart_requested) return;  // already on its way
+    k->restart_requested = false;
+    impl_->begin_stop(*k, /*restart=*/false);
+  });
+}
+
+void KernelManager::restart(const std::string& id, std::function<void(StartResult)> done) {
+  impl_->post([this, id, done = std::move(done)]() mutable {
+    KernelIo* k = impl_->find(id);
+    if (!k) {
+      done(StartResult{nullptr, {}});
+      return;
+    }
+    if (k->phase == Phase::stopping && !k->restart_requested) {
+      done(StartResult{nullptr, "kernel is shutting down"});
+      return;
+    }
+    k->start_waiters.push_back(std::move(done));
+    if (k->phase == Phase::stopping || k->phase == Phase::restarting) return;  // joins it
+    impl_->begin_stop(*k, /*restart=*/true);
+  });
+}
+
+void KernelManager::interrupt(const std::string& id, std::function<void(bool)> done) {
+  impl_->post([this, id, done = std::move(done)]() mutable {
+    KernelIo* k = impl_->find(id);
+    if (!k) {
+      done(false);
+      return;
+    }
+    if (k->kernel->spec().interrupt_mode == "message")
+      impl_->send_internal(*k, Channel::control, "interrupt_request", json::object());
+    else
+      k->proc.signal_group(SIGINT);
+    done(true);
+  });
+}
+
+void KernelManager::send(const std::string& id, ClientMessage msg) {
+  impl_->post([this, id, msg = std::move(msg)]() mutable {
+    KernelIo* k = impl_->find(id);
+    if (!k) return;  // removed: its clients are being closed
+    switch (k->phase) {
+      case Phase::ready: impl_->send_now(*k, msg); break;
+      case Phase::launching:
+      case Phase::restarting:
+        if (k->held.size() >= impl_->opts.max_held)
+          impl_->refuse(*k, msg, "KernelStarting",
+                        "kgate: " + std::to_string(impl_->opts.max_held) +
+                            " messages are already waiting for this kernel to start");
+        else
+          k->held.push_back(std::move(msg));
+        break;
+      case Phase::stopping:
+        if (k->restart_requested) {
+          if (k->held.size() >= impl_->opts.max_held)
+            impl_->refuse(*k, msg, "KernelStarting", "kgate: too many messages held during restart");
+          else
+            k->held.push_back(std::move(msg));
+        } else {
+          impl_->refuse(*k, msg, "KernelShutdown", "kgate: the kernel is shutting down");
+        }
+        break;
+      case Phase::dead: {
+        std::string reason = k->kernel->model().reason;
+        impl_->refuse(*k, msg, "KernelDied", "kgate: the kernel is dead (" + reason + ")");
+        break;
+      }
+    }
+  });
+}
+
+KernelPtr KernelManager::get(const std::string& id) const {
+  std::lock_guard lk(impl_->kmu);
+  auto it = impl_->kernels.find(id);
+  return it == impl_->kernels.end() ? nullptr : it->second;
+}
+
+std::vector<KernelPtr> KernelManager::list() const {
+  std::lock_guard lk(impl_->kmu);
+  std::vector<KernelPtr> out;
+  out.reserve(impl_->kernels.size());
+  for (auto& [id, k] : impl_->kernels) out.push_back(k);
+  return out;
+}
+
+std::size_t KernelManager::count() const {
+  std::lock_guard lk(impl_->kmu);
+  return impl_->kernels.size();
+}
+
+void KernelManager::shutdown_all() {
+  auto ids = list();
+  if (ids.empty()) return;
+  struct Countdown {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t remaining;
+  };
+  auto c = std::make_shared<Countdown>();
+  c->remaining = ids.size();
+  for (auto& k : ids) {
+    shutdown(k->id(), [c](bool) {
+      std::lock_guard lk(c->mu);
+      --c->remaining;
+      c->cv.notify_all();
+    });
+  }
+  auto bound = impl_->opts.shutdown_grace + impl_->opts.terminate_grace + std::chrono::seconds(2);
+  std::unique_lock lk(c->mu);
+  if (!c->cv.wait_for(lk, bound, [&] { return c->remaining == 0; }))
+    spdlog::error("{} kernel(s) did not stop within {} ms", c->remaining, bound.count());
+}
+
+}  // namespace kgate

@@ -1,0 +1,185 @@
+"""Token auth, non-loopback refusal, Origin and Host (DNS rebinding) checks."""
+
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+import websocket
+
+from conftest import LISTEN_RE, Kgate, KernelWS, _module_daemon, make_jupyter_env
+
+TOKEN = "tok-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def kgate_tok(kgate_bin, tmp_path_factory):
+    yield from _module_daemon(kgate_bin, tmp_path_factory, token=TOKEN)
+
+
+@pytest.fixture(scope="module")
+def tok_kernel(kgate_tok):
+    model = kgate_tok.start_kernel()
+    yield model["id"]
+    kgate_tok.delete_kernel(model["id"], check=False)
+
+
+# ---------------------------------------------------------------- token
+
+@pytest.mark.parametrize("path", ["/api/kernels", "/api/kernelspecs", "/api/kernelspecs/python3",
+                                  "/api/status", "/kernelspecs/python3/logo-64x64.png"])
+def test_no_token_is_401(kgate_tok, path):
+    status, _, data = kgate_tok.http("GET", path, auth=False)
+    assert status == 401, f"GET {path} without token -> {status} {data[:200]!r}"
+
+
+def test_post_kernel_without_token_is_401_and_starts_nothing(kgate_tok):
+    before = set(os.listdir(kgate_tok.runtime_dir))
+    status, _, body = kgate_tok.rest("POST", "/api/kernels", {"name": "python3"}, auth=False)
+    if status == 201 and isinstance(body, dict) and "id" in body:
+        kgate_tok._kernels.add(body["id"])
+    assert status == 401, (status, body)
+    time.sleep(0.3)
+    assert set(os.listdir(kgate_tok.runtime_dir)) == before
+
+
+def test_wrong_token_is_401(kgate_tok):
+    status, _, body = kgate_tok.rest("GET", "/api/kernels", headers={"Authorization": "token wrong"})
+    assert status == 401, (status, body)
+    status, _, body = kgate_tok.rest("GET", "/api/kernels?token=wrong", auth=False)
+    assert status == 401, (status, body)
+    status, _, body = kgate_tok.rest("GET", "/api/kernels", headers={"Authorization": "token"})
+    assert status == 401, f"empty token accepted by a token-protected daemon: {status} {body!r}"
+
+
+def test_token_header_ok(kgate_tok):
+    status, _, body = kgate_tok.rest("GET", "/api/kernels",
+                                     headers={"Authorization": f"token {TOKEN}"})
+    assert status == 200, (status, body)
+    assert isinstance(body, list)
+
+
+def test_token_query_ok(kgate_tok):
+    status, _, body = kgate_tok.rest("GET", f"/api/kernels?token={TOKEN}", auth=False)
+    assert status == 200, (status, body)
+    status, _, data = kgate_tok.http("GET", f"/kernelspecs/python3/logo-64x64.png?token={TOKEN}",
+                                     auth=False)
+    assert status == 200, status
+
+
+def test_ws_without_token_rejected(kgate_tok, tok_kernel):
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        KernelWS(kgate_tok.ws_url(tok_kernel)).close()
+    assert info.value.status_code == 401, str(info.value)
+
+
+def test_ws_wrong_token_rejected(kgate_tok, tok_kernel):
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        KernelWS(kgate_tok.ws_url(tok_kernel, token="wrong")).close()
+    assert info.value.status_code == 401, str(info.value)
+
+
+def test_ws_token_query_ok(kgate_tok, tok_kernel):
+    with kgate_tok.connect(tok_kernel) as ws:
+        assert ws.run("print(1 + 1)") == "2\n"
+
+
+def test_ws_token_header_ok(kgate_tok, tok_kernel):
+    """jupyter_server's gateway relay authenticates its websocket with the header only."""
+    with KernelWS(kgate_tok.ws_url(tok_kernel),
+                  headers={"Authorization": f"token {TOKEN}"}) as ws:
+        assert ws.run("print(2 + 2)") == "4\n"
+
+
+# ---------------------------------------------------------------- bind policy
+
+def test_non_loopback_without_token_refuses_to_start(kgate_bin, tmp_path):
+    env = make_jupyter_env(tmp_path)
+    proc = subprocess.Popen([kgate_bin, "serve", "--ip", "0.0.0.0", "--port", "0"], env=env,
+                            cwd=str(tmp_path), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"kgate --ip 0.0.0.0 without --token kept running; stderr: {err[-2000:]!r}")
+    assert proc.returncode != 0, f"exit code 0; stderr: {err!r}"
+    assert err.strip(), "refused to start without saying why on stderr"
+    assert not LISTEN_RE.search(err.decode(errors="replace")), err
+
+
+def test_non_loopback_with_token_starts(kgate_factory):
+    kg = kgate_factory(ip="0.0.0.0", token=TOKEN)
+    status, _, body = kg.rest("GET", "/api/kernelspecs")
+    assert status == 200, (status, body)
+    status, _, body = kg.rest("GET", "/api/kernelspecs", auth=False)
+    assert status == 401, (status, body)
+
+
+# ---------------------------------------------------------------- Origin / Host
+
+def test_foreign_origin_is_403(kgate):
+    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Origin": "http://evil.example"})
+    assert status == 403, (status, body)
+
+
+def test_foreign_origin_post_is_403_and_starts_nothing(kgate):
+    before = set(os.listdir(kgate.runtime_dir))
+    status, _, body = kgate.rest("POST", "/api/kernels", {"name": "python3"},
+                                 headers={"Origin": "http://evil.example"})
+    if status == 201 and isinstance(body, dict) and "id" in body:
+        kgate._kernels.add(body["id"])
+    assert status == 403, (status, body)
+    time.sleep(0.3)
+    assert set(os.listdir(kgate.runtime_dir)) == before
+
+
+def test_foreign_origin_with_valid_token_is_still_403(kgate_tok):
+    status, _, body = kgate_tok.rest("GET", "/api/kernels", headers={"Origin": "http://evil.example"})
+    assert status == 403, (status, body)
+
+
+def test_own_origin_ok(kgate):
+    status, _, body = kgate.rest("GET", "/api/kernels",
+                                 headers={"Origin": f"http://127.0.0.1:{kgate.port}"})
+    assert status == 200, (status, body)
+
+
+def test_no_origin_ok(kgate):
+    status, _, body = kgate.rest("GET", "/api/kernels")
+    assert status == 200, (status, body)
+
+
+def test_foreign_host_is_403(kgate):
+    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Host": f"evil.example:{kgate.port}"})
+    assert status == 403, (status, body)
+    status, _, body = kgate.rest("GET", "/api/kernelspecs", headers={"Host": "evil.example"})
+    assert status == 403, (status, body)
+
+
+def test_localhost_host_ok(kgate):
+    """Host: localhost is a loopback name, not a rebinding attack."""
+    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Host": f"localhost:{kgate.port}"})
+    assert status == 200, (status, body)
+
+
+def test_ws_foreign_origin_is_403(kgate, shared_kernel):
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        KernelWS(kgate.ws_url(shared_kernel), origin="http://evil.example").close()
+    assert info.value.status_code == 403, str(info.value)
+
+
+def test_ws_foreign_host_is_403(kgate, shared_kernel):
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        KernelWS(kgate.ws_url(shared_kernel), host=f"evil.example:{kgate.port}",
+                 suppress_origin=True).close()
+    assert info.value.status_code == 403, str(info.value)
+
+
+def test_ws_own_origin_and_no_origin_ok(kgate, shared_kernel):
+    with KernelWS(kgate.ws_url(shared_kernel), origin=f"http://127.0.0.1:{kgate.port}") as ws:
+        assert ws.run("print('own-origin')") == "own-origin\n"
+    with KernelWS(kgate.ws_url(shared_kernel), suppress_origin=True) as ws:
+        assert ws.run("print('no-origin')") == "no-origin\n"

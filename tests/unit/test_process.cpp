@@ -1,0 +1,441 @@
+// Unit tests for child-process launching: exec errors, cwd, env, sessions, signals, pidfds, PDEATHSIG.
+#include "kgate/process.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <system_error>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kgate {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::map<std::string, std::string> kMinimalEnv{{"PATH", "/usr/bin:/bin"}};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kgate-proc-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = fs::canonical(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Kills (the group of) a child still running at the end of a test, so failures leave no strays.
+struct KillOnExit {
+  ChildProcess& child;
+  ~KillOnExit() {
+    if (child.running()) {
+      child.signal_group(SIGKILL);
+      child.wait_for_exit(2000);
+    }
+  }
+};
+
+ChildProcess launch(std::vector<std::string> argv,
+                    std::map<std::string, std::string> env = kMinimalEnv, fs::path cwd = {}) {
+  LaunchOptions o;
+  o.argv = std::move(argv);
+  o.env = std::move(env);
+  o.cwd = std::move(cwd);
+  return ChildProcess::launch(o);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// True while `pid` exists and is not a zombie (orphans may be reaped late, or never, by pid 1).
+bool alive(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
+  const char state = stat[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+bool wait_dead(pid_t pid, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (alive(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Waits for `path` to hold a complete line and returns it without the newline.
+std::string wait_line(const fs::path& path, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const std::string s = read_file(path);
+    if (!s.empty() && s.back() == '\n') return s.substr(0, s.size() - 1);
+    if (std::chrono::steady_clock::now() > deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// The hex mask of a "SigBlk:"/"SigIgn:" line of /proc/<pid>/status.
+unsigned long long status_mask(pid_t pid, const std::string& key) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1), nullptr, 16);
+  }
+  ADD_FAILURE() << "no " << key << " in /proc/" << pid << "/status";
+  return ~0ULL;
+}
+
+unsigned long long sigbit(int sig) { return 1ULL << (sig - 1); }
+
+TEST(Launch, ExitCode) {
+  ChildProcess c = launch({"/bin/sh", "-c", "exit 3"});
+  EXPECT_GT(c.pid(), 0);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_FALSE(c.running());
+  EXPECT_TRUE(WIFEXITED(c.status()));
+  EXPECT_EQ(WEXITSTATUS(c.status()), 3);
+  EXPECT_EQ(c.describe_exit(), "exited with code 3");
+  EXPECT_TRUE(c.try_reap());  // idempotent
+}
+
+TEST(Launch, NonexistentProgramThrowsEnoent) {
+  for (const std::string prog : {"/nonexistent/kgate-no-such-prog", "kgate-no-such-prog-xyz"}) {
+    try {
+      launch({prog});
+      ADD_FAILURE() << "expected std::system_error for " << prog;
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code().value(), ENOENT) << e.what();
+      EXPECT_NE(std::string(e.what()).find("cannot launch " + prog), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Launch, NotExecutableThrowsEacces) {
+  TempDir t;
+  const fs::path f = t.path() / "plain";
+  std::ofstream(f) << "#!/bin/sh\nexit 0\n";
+  try {
+    launch({f.string()});
+    ADD_FAILURE() << "expected std::system_error";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EACCES) << e.what();
+  }
+}
+
+TEST(Launch, EmptyArgvThrows) { EXPECT_THROW(launch({}), std::system_error); }
+
+TEST(Launch, Cwd) {
+  TempDir t;
+  ChildProcess c = launch({"/bin/sh", "-c", "/bin/pwd -P > out.txt"}, kMinimalEnv, t.path());
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(c.describe_exit(), "exited with code 0");
+  EXPECT_EQ(read_file(t.path() / "out.txt"), t.path().string() + "\n");
+}
+
+TEST(Launch, BadCwdThrows) {
+  try {
+    launch({"/bin/true"}, kMinimalEnv, "/nonexistent/kgate/dir");
+    ADD_FAILURE() << "expected std::system_error";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOENT) << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/kgate/dir"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Launch, EnvironmentIsExactlyTheGivenOne) {
+  TempDir t;
+  const std::map<std::string, std::string> env{
+      {"PATH", "/usr/bin:/bin"}, {"KGATE_A", "alpha beta"}, {"KGATE_EMPTY", ""}, {"LC_ALL", "C"}};
+  const fs::path out = t.path() / "env.txt";
+  ChildProcess d = launch({"/bin/sh", "-c", "exec /usr/bin/env -0 > \"$0\"", out.string()}, env);
+  KillOnExit k{d};
+  ASSERT_TRUE(d.wait_for_exit(5000));
+  ASSERT_EQ(d.describe_exit(), "exited with code 0");
+  std::set<std::string> got;
+  const std::string text = read_file(out);
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t z = text.find('\0', i);
+    got.insert(text.substr(i, z - i));
+    i = z == std::string::npos ? text.size() : z + 1;
+  }
+  got.erase("PWD=" + fs::current_path().string());  // a shell may export PWD; nothing else
+  got.erase("PWD=" + fs::canonical(fs::current_path()).string());
+  got.erase("SHLVL=1");
+  std::set<std::string> want;
+  for (const auto& [k2, v] : env) want.insert(k2 + "=" + v);
+  EXPECT_EQ(got, want);
+}
+
+TEST(Launch, EnvironmentSeenInProcEnviron) {
+  const std::map<std::string, std::string> env{{"PATH", "/usr/bin:/bin"}, {"KGATE_X", "1=2"}};
+  ChildProcess c = launch({"sleep", "10"}, env);
+  KillOnExit k{c};
+  const std::string raw = read_file("/proc/" + std::to_string(c.pid()) + "/environ");
+  EXPECT_EQ(raw, std::string("KGATE_X=1=2\0PATH=/usr/bin:/bin\0", 31));
+}
+
+TEST(Launch, BareNameResolvedOnEnvPath) {
+  TempDir t;
+  const fs::path prog = t.path() / "kgate-test-prog";
+  std::ofstream(prog) << "#!/bin/sh\nexit 7\n";
+  fs::permissions(prog, fs::perms::owner_all);
+  ChildProcess c = launch({"kgate-test-prog"}, {{"PATH", t.path().string()}});
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(c.describe_exit(), "exited with code 7");
+}
+
+TEST(Launch, StdinIsDevNull) {
+  TempDir t;
+  ChildProcess c = launch({"/bin/sh", "-c", "readlink /proc/self/fd/0 > in.txt"}, kMinimalEnv,
+                          t.path());
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(read_file(t.path() / "in.txt"), "/dev/null\n");
+}
+
+TEST(Launch, OwnSessionAndGroup) {
+  ChildProcess c = launch({"sleep", "10"});
+  KillOnExit k{c};
+  EXPECT_EQ(::getsid(c.pid()), c.pid());
+  EXPECT_EQ(::getpgid(c.pid()), c.pid());
+  EXPECT_NE(::getsid(c.pid()), ::getsid(0));
+}
+
+TEST(Launch, SignalStateIsReset) {
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  ASSERT_EQ(::pthread_sigmask(SIG_BLOCK, &block, &old_mask), 0);
+  struct sigaction ign {}, old_term{}, old_pipe{};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  ::sigaction(SIGTERM, &ign, &old_term);
+  ::sigaction(SIGPIPE, &ign, &old_pipe);
+
+  ChildProcess c = launch({"sleep", "10"});
+
+  ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+
+  KillOnExit k{c};
+  EXPECT_EQ(status_mask(c.pid(), "SigBlk"), 0ULL);
+  const unsigned long long ignored = status_mask(c.pid(), "SigIgn");
+  EXPECT_EQ(ignored & (sigbit(SIGINT) | sigbit(SIGTERM) | sigbit(SIGPIPE)), 0ULL) << std::hex
+                                                                                    << ignored;
+}
+
+TEST(Launch, NoLeakedDescriptors) {
+  const int fd = ::open("/dev/null", O_RDONLY);  // not CLOEXEC
+  ASSERT_GE(fd, 3);
+  ChildProcess c = launch({"sleep", "10"});
+  ::close(fd);
+  KillOnExit k{c};
+  EXPECT_FALSE(fs::exists("/proc/" + std::to_string(c.pid()) + "/fd/" + std::to_string(fd)));
+}
+
+TEST(Signal, GroupKillsSleepAndGrandchild) {
+  TempDir t;
+  const fs::path pidfile = t.path() / "gc.pid";
+  ChildProcess c = launch({"/bin/sh", "-c", "sleep 30 & echo $! > \"$0\"; wait", pidfile.string()});
+  KillOnExit k{c};
+  const std::string gc = wait_line(pidfile, 3000);
+  ASSERT_FALSE(gc.empty());
+  const pid_t grandchild = std::stoi(gc);
+  EXPECT_TRUE(alive(grandchild));
+  c.signal_group(SIGKILL);
+  ASSERT_TRUE(c.wait_for_exit(2000));
+  EXPECT_EQ(c.describe_exit(), "killed by signal SIGKILL");
+  EXPECT_TRUE(wait_dead(grandchild, 2000));
+  c.signal_group(SIGKILL);  // no-op once reaped
+  c.signal(SIGKILL);
+}
+
+TEST(Signal, SignalOnlyTheProcess) {
+  ChildProcess c = launch({"sleep", "10"});
+  KillOnExit k{c};
+  EXPECT_FALSE(c.wait_for_exit(30));
+  EXPECT_TRUE(c.running());
+  EXPECT_EQ(c.describe_exit(), "still running");
+  c.signal(SIGTERM);
+  ASSERT_TRUE(c.wait_for_exit(2000));
+  EXPECT_EQ(c.describe_exit(), "killed by signal SIGTERM");
+}
+
+TEST(Signal, TryReapPollsWithoutBlocking) {
+  ChildProcess c = launch({"sleep", "10"});
+  KillOnExit k{c};
+  EXPECT_FALSE(c.try_reap());
+  c.signal(SIGKILL);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!c.try_reap() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_FALSE(c.running());
+  EXPECT_EQ(c.describe_exit(), "killed by signal SIGKILL");
+}
+
+TEST(Pidfd, BecomesReadableOnExit) {
+  ChildProcess c = launch({"sleep", "10"});
+  KillOnExit k{c};
+  ASSERT_GE(c.exit_fd(), 0);
+  EXPECT_NE(::fcntl(c.exit_fd(), F_GETFD) & FD_CLOEXEC, 0);
+  pollfd p{c.exit_fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0);
+  c.signal(SIGKILL);
+  p.revents = 0;
+  ASSERT_EQ(::poll(&p, 1, 2000), 1);
+  EXPECT_TRUE(p.revents & POLLIN);
+  EXPECT_TRUE(c.try_reap());
+}
+
+TEST(Move, TransfersOwnership) {
+  ChildProcess a = launch({"/bin/sh", "-c", "exit 5"});
+  const pid_t pid = a.pid();
+  const int fd = a.exit_fd();
+  ChildProcess b(std::move(a));
+  EXPECT_EQ(a.pid(), -1);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(a.exit_fd(), -1);
+  EXPECT_FALSE(a.running());
+  EXPECT_FALSE(a.try_reap());
+  EXPECT_EQ(b.pid(), pid);
+  EXPECT_EQ(b.exit_fd(), fd);
+  ChildProcess c;
+  c = std::move(b);
+  EXPECT_EQ(b.pid(), -1);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(c.pid(), pid);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(c.describe_exit(), "exited with code 5");
+}
+
+TEST(Move, DestructorClosesPidfdButDoesNotKill) {
+  pid_t pid;
+  int fd;
+  {
+    ChildProcess c = launch({"sleep", "10"});
+    pid = c.pid();
+    fd = c.exit_fd();
+  }
+  EXPECT_TRUE(alive(pid));
+  if (fd >= 0) {
+    EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
+  }
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  EXPECT_EQ(::waitpid(pid, &st, 0), pid);
+}
+
+// Forks an intermediate process (a copy of this test) that launches `sleep 60` with the given
+// die_with_parent, SIGKILLs and reaps the intermediate, and returns the grandchild's pid.
+pid_t orphan_a_grandchild(bool die_with_parent) {
+  int p[2];
+  if (::pipe(p) != 0) return -1;
+  const pid_t mid = ::fork();
+  if (mid < 0) return -1;
+  if (mid == 0) {
+    ::close(p[0]);
+    pid_t gc = -1;
+    try {
+      LaunchOptions o;
+      o.argv = {"sleep", "60"};
+      o.env = kMinimalEnv;
+      o.die_with_parent = die_with_parent;
+      ChildProcess c = ChildProcess::launch(o);
+      gc = c.pid();
+    } catch (...) {
+    }
+    if (::write(p[1], &gc, sizeof gc) != static_cast<ssize_t>(sizeof gc)) ::_exit(1);
+    for (;;) ::pause();
+  }
+  ::close(p[1]);
+  pid_t grandchild = -1;
+  if (::read(p[0], &grandchild, sizeof grandchild) != static_cast<ssize_t>(sizeof grandchild)) {
+    grandchild = -1;
+  }
+  ::close(p[0]);
+  if (grandchild > 0 && !alive(grandchild)) ADD_FAILURE() << "grandchild not running";
+  ::kill(mid, SIGKILL);
+  ::waitpid(mid, nullptr, 0);
+  return grandchild;
+}
+
+TEST(DeathSignal, GrandchildDiesWithItsParent) {
+  const pid_t grandchild = orphan_a_grandchild(true);
+  ASSERT_GT(grandchild, 0);
+  const bool died = wait_dead(grandchild, 2000);
+  if (!died) ::kill(grandchild, SIGKILL);
+  EXPECT_TRUE(died);
+}
+
+TEST(DeathSignal, WithoutItTheGrandchildSurvives) {
+  const pid_t grandchild = orphan_a_grandchild(false);
+  ASSERT_GT(grandchild, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(alive(grandchild));
+  ::kill(grandchild, SIGKILL);
+  EXPECT_TRUE(wait_dead(grandchild, 2000));
+}
+
+TEST(FindProgram, SearchesEnvPathThenFallsBack) {
+  TempDir t;
+  const fs::path exe = t.path() / "kgate-exe";
+  const fs::path plain = t.path() / "kgate-plain";
+  std::ofstream(exe) << "#!/bin/sh\n";
+  std::ofstream(plain) << "#!/bin/sh\n";
+  fs::permissions(exe, fs::perms::owner_all);
+  fs::create_directories(t.path() / "kgate-dir");
+  const std::map<std::string, std::string> env{{"PATH", "/nonexistent:" + t.path().string()}};
+
+  EXPECT_EQ(find_program("kgate-exe", env), exe.string());
+  EXPECT_EQ(find_program("kgate-plain", env), "kgate-plain");  // not executable
+  EXPECT_EQ(find_program("kgate-dir", env), "kgate-dir");      // a directory
+  EXPECT_EQ(find_program("sh", {{"PATH", "/bin"}}), "/bin/sh");
+  EXPECT_EQ(find_program("./relative/x", env), "./relative/x");
+  EXPECT_EQ(find_program("/abs/x", env), "/abs/x");
+  EXPECT_EQ(find_program("kgate-nowhere", env), "kgate-nowhere");
+  EXPECT_EQ(find_program("", env), "");
+  // No PATH in env: the process's PATH is used.
+  const std::string saved = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", t.path().c_str(), 1);
+  EXPECT_EQ(find_program("kgate-exe", {}), exe.string());
+  ::setenv("PATH", saved.c_str(), 1);
+}
+
+TEST(CurrentEnvironment, MirrorsEnviron) {
+  ::setenv("KGATE_TEST_CURENV", "v=1", 1);
+  const auto env = current_environment();
+  ASSERT_TRUE(env.count("KGATE_TEST_CURENV"));
+  EXPECT_EQ(env.at("KGATE_TEST_CURENV"), "v=1");
+  ::unsetenv("KGATE_TEST_CURENV");
+  EXPECT_FALSE(current_environment().count("KGATE_TEST_CURENV"));
+}
+
+}  // namespace
+}  // namespace kgate
