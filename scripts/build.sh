@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what is missing (scripts/bootstrap.sh), then configures and builds kgate.
+# Usage: scripts/build.sh [BUILD_DIR] [extra cmake args...]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$here/build}"
+shift || true
+"$here/scripts/bootstrap.sh"
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$here" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >&2
+fi
+cmake --build "$build" --parallel "$(nproc)" >&2
