@@ -4,7 +4,7 @@
 usage: bench/run.sh [-h]            (run via run.sh; it calls this file with /usr/bin/python3)
 
 Environment:
-  KGATE_BIN      kgate binary           (default /work/main/build/gateway/kgate)
+  KGATE_BIN      kgate binary           (default <repo>/build/gateway/kgate)
   BENCH_N        execute round trips    (default 200)
   BENCH_MB       flood size, megabytes  (default 20)
   BENCH_REPS     latency repetitions, interleaved direct/peer/kgate (default 2)
@@ -38,8 +38,10 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
-WSBENCH = os.environ.get("WSBENCH", "/work/shared/bench/wsbench.py")
-KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", "/work/main/build/gateway/kgate"))
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WSBENCH = os.environ.get("WSBENCH", os.path.join(os.path.dirname(_REPO), "shared", "bench", "wsbench.py"))
+FASTCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wsflood_fastclient.py")
+KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
 N = int(os.environ.get("BENCH_N", "200"))
 MB = int(os.environ.get("BENCH_MB", "20"))
 REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
@@ -350,7 +352,10 @@ def wsbench(env, cwd, args, want_timeout, watch=None):
     Server, "gateway_cpu_s": that server process's own CPU seconds over the run)."""
     timeout = budget(want_timeout)
     cpu0 = cpu_s(watch.proc.pid) if watch else None
-    p = subprocess.Popen([PY, WSBENCH, *map(str, args)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    cmd = [PY, WSBENCH, *map(str, args)]
+    if args[0] == "flood-fastclient":  # wsbench's flood, client UTF-8 check off (see the script)
+        cmd = [PY, FASTCLIENT, WSBENCH, *map(str, args[1:])]
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
@@ -501,10 +506,14 @@ def main():
             log("flood %d MB: jupyter_server (rate limits lifted)" % MB)
             R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", wsbench, bench_env, tmp,
                                                 ["flood", peer2.url, peer2.token, MB], 150, peer2)
+            R["peer"]["flood_fast"] = step("peer flood (unlimited, fast client)", wsbench, bench_env, tmp,
+                                           ["flood-fastclient", peer2.url, peer2.token, MB], 150, peer2)
             stop(peer2)
         if kg:
             log("flood %d MB: kgate" % MB)
             R["kgate"]["flood"] = step("kgate flood", wsbench, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
+            R["kgate"]["flood_fast"] = step("kgate flood (fast client)", wsbench, bench_env, tmp,
+                                            ["flood-fastclient", kg.url, kg.token, MB], 150, kg)
             if kg.proc.poll() is not None:
                 R["errors"].append({"step": "kgate", "error": "kgate exited with status %s during the run; log tail:\n%s"
                                     % (kg.proc.returncode, tail(kg.log_path))})
@@ -580,6 +589,8 @@ def summarize(R):
         ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),
         ("%d MB flood, gateway CPU (ms) (peer: unlimited)" % MB, "int", None, cpu_ms(pu), cpu_ms(kf)),
+        ("%d MB flood, seconds, client UTF-8 check off (peer: unlimited)" % MB, "s", df.get("seconds"), (p.get("flood_fast") or {}).get("seconds"), (k.get("flood_fast") or {}).get("seconds")),
+        ("%d MB flood, bytes, client UTF-8 check off (peer: unlimited)" % MB, "int", df.get("received_bytes"), (p.get("flood_fast") or {}).get("received_bytes"), (k.get("flood_fast") or {}).get("received_bytes")),
         ("%d MB flood, seconds (peer: default rate limits)*" % MB, "s", df.get("seconds"), pd.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: default rate limits)*" % MB, "int", df.get("received_bytes"), pd.get("received_bytes"), kf.get("received_bytes")),
         ("cold start to first GET /api 200, median (ms)", "1", None, med(p["cold_start_ms"]), med(k["cold_start_ms"])),

@@ -357,20 +357,27 @@ class KernelWS:
         return msg
 
     def _recv_frame(self, timeout):
-        self.ws.settimeout(max(timeout, 0.001))
-        try:
-            opcode, data = self.ws.recv_data()
-        except websocket.WebSocketTimeoutException:
-            raise TimeoutError
-        except socket.timeout:
-            raise TimeoutError
-        except (websocket.WebSocketConnectionClosedException, ConnectionError, OSError) as exc:
-            self.closed = True
-            raise WSClosed(str(exc))
-        if opcode == websocket.ABNF.OPCODE_CLOSE:
-            self.closed = True
-            raise WSClosed(f"server closed the websocket: {data!r}")
-        return opcode, data
+        """Next data frame within timeout seconds. Control frames (pings are answered by
+        websocket-client) are skipped without extending the deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self.ws.settimeout(max(remaining, 0.001))
+            try:
+                opcode, data = self.ws.recv_data(control_frame=True)
+            except (websocket.WebSocketTimeoutException, socket.timeout):
+                raise TimeoutError
+            except (websocket.WebSocketConnectionClosedException, ConnectionError, OSError) as exc:
+                self.closed = True
+                raise WSClosed(str(exc))
+            if opcode == websocket.ABNF.OPCODE_CLOSE:
+                self.closed = True
+                raise WSClosed(f"server closed the websocket: {data!r}")
+            if opcode in (websocket.ABNF.OPCODE_PING, websocket.ABNF.OPCODE_PONG):
+                continue
+            return opcode, data
 
     def recv(self, timeout=10):
         """Next message (from the backlog first). Raises TimeoutError / WSClosed."""

@@ -85,9 +85,27 @@ class JupyterServer:
         return status, headers, js
 
     def ws(self, kernel_id, session_id):
-        # No subprotocol offered: the 1.23 relay selects none and websocket-client would abort.
-        return KernelWS(f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-                        f"?session_id={session_id}", session_id=session_id, timeout=30)
+        """Browser-like websocket to jupyter_server, usable once this returns.
+
+        No subprotocol is offered: the 1.23 relay selects none and websocket-client would
+        abort. The 1.23 relay drops messages that arrive before its own websocket to the
+        gateway is up (GatewayWebSocketClient.on_message waits on a Future that _connect
+        replaces), so like a browser we repeat kernel_info_request until one is answered."""
+        ws = KernelWS(f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
+                      f"?session_id={session_id}", session_id=session_id, timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            mid = ws.request("kernel_info_request")
+            try:
+                ws.wait_reply(mid, "kernel_info_reply", timeout=1)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    ws.close()
+                    raise AssertionError("no kernel_info_reply through jupyter_server's relay "
+                                         f"within 30s\n{self.log_tail()}")
+        ws.backlog.clear()
+        return ws
 
     def stop(self):
         if self.proc.poll() is None:

@@ -1,0 +1,412 @@
+// Unit tests for kgate.toml loading: the shipped sample, every kind of error, token_file.
+#include "config.hpp"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace kgate::gw {
+namespace {
+
+namespace fs = std::filesystem;
+
+// <source>/tests/data -> <source>
+const fs::path kSourceDir = fs::path(KGATE_TEST_DATA_DIR).parent_path().parent_path();
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kgate-config-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+  fs::path write(const std::string& name, std::string_view text) const {
+    const fs::path p = path_ / name;
+    std::ofstream out(p, std::ios::binary);
+    out.write(text.data(), std::streamsize(text.size()));
+    return p;
+  }
+
+ private:
+  fs::path path_;
+};
+
+// Compares every field of GatewayOptions (and its KernelOptions), one expectation each.
+void expect_same_options(const GatewayOptions& a, const GatewayOptions& b) {
+#define KGATE_SAME(field) EXPECT_EQ(a.field, b.field) << #field
+#define KGATE_SAME_COUNT(field) EXPECT_EQ(a.field.count(), b.field.count()) << #field
+  KGATE_SAME(ip);
+  KGATE_SAME(port);
+  KGATE_SAME(token);
+  KGATE_SAME(base_url);
+  KGATE_SAME(runtime_dir);
+  KGATE_SAME(root_dir);
+  KGATE_SAME(default_kernel);
+  KGATE_SAME(allow_origins);
+  KGATE_SAME(allow_hosts);
+  EXPECT_EQ(int(a.env_policy), int(b.env_policy)) << "env_policy";
+  KGATE_SAME(env_allow);
+  KGATE_SAME(max_body_bytes);
+  KGATE_SAME(max_header_bytes);
+  KGATE_SAME(max_ws_message_bytes);
+  KGATE_SAME(client_queue_bytes);
+  KGATE_SAME(client_queue_messages);
+  KGATE_SAME(replay_bytes);
+  KGATE_SAME(replay_messages);
+  KGATE_SAME_COUNT(replay_ttl);
+  KGATE_SAME_COUNT(sessionless_window);
+  KGATE_SAME(max_detached_sessions);
+  KGATE_SAME_COUNT(kernel.ready_timeout);
+  KGATE_SAME_COUNT(kernel.shutdown_grace);
+  KGATE_SAME_COUNT(kernel.terminate_grace);
+  KGATE_SAME_COUNT(kernel.heartbeat_interval);
+  KGATE_SAME(kernel.heartbeat_misses);
+  KGATE_SAME(kernel.launch_attempts);
+  KGATE_SAME(kernel.max_pending);
+  KGATE_SAME(kernel.max_held);
+  KGATE_SAME(kernel.max_message_bytes);
+#undef KGATE_SAME
+#undef KGATE_SAME_COUNT
+}
+
+// Options where every field differs from its default.
+GatewayOptions poisoned_options() {
+  GatewayOptions o;
+  o.ip = "10.9.8.7";
+  o.port = 1;
+  o.token = "poison";
+  o.base_url = "/poison/";
+  o.runtime_dir = "/poison/runtime";
+  o.root_dir = "/poison/root";
+  o.default_kernel = "poison";
+  o.allow_origins = {"poison"};
+  o.allow_hosts = {"poison"};
+  o.env_policy = EnvPolicy::filtered;
+  o.env_allow = {"POISON"};
+  o.max_body_bytes = 1;
+  o.max_header_bytes = 1;
+  o.max_ws_message_bytes = 1;
+  o.client_queue_bytes = 1;
+  o.client_queue_messages = 1;
+  o.replay_bytes = 1;
+  o.replay_messages = 1;
+  o.replay_ttl = std::chrono::seconds(1);
+  o.sessionless_window = std::chrono::seconds(1);
+  o.max_detached_sessions = 1;
+  o.kernel.ready_timeout = std::chrono::milliseconds(1);
+  o.kernel.shutdown_grace = std::chrono::milliseconds(1);
+  o.kernel.terminate_grace = std::chrono::milliseconds(1);
+  o.kernel.heartbeat_interval = std::chrono::milliseconds(1);
+  o.kernel.heartbeat_misses = 1;
+  o.kernel.launch_attempts = 1;
+  o.kernel.max_pending = 1;
+  o.kernel.max_held = 1;
+  o.kernel.max_message_bytes = 1;
+  return o;
+}
+
+// The message of the runtime_error load_config_file throws for a file with `text`.
+struct LoadResult {
+  std::string error;  // "" if it loaded
+  fs::path file;
+  GatewayOptions opts;
+};
+LoadResult load_text(const TempDir& dir, std::string_view text) {
+  LoadResult r;
+  r.file = dir.write("kgate.toml", text);
+  try {
+    load_config_file(r.file, r.opts);
+  } catch (const std::runtime_error& e) {
+    r.error = e.what();
+  }
+  return r;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "\"" << (haystack) << "\" lacks \"" << (needle) << "\""
+
+// Loading `text` must fail with a message naming the file and `key`.
+void expect_config_error(std::string_view text, const std::string& key) {
+  TempDir dir;
+  LoadResult r;
+  EXPECT_NO_FATAL_FAILURE(r = load_text(dir, text));
+  SCOPED_TRACE(std::string(text));
+  ASSERT_FALSE(r.error.empty()) << "loaded without error";
+  EXPECT_CONTAINS(r.error, r.file.string());
+  EXPECT_CONTAINS(r.error, key);
+}
+
+// ---- the shipped sample ------------------------------------------------------------------
+
+TEST(SampleConfig, Exists) {
+  EXPECT_TRUE(fs::is_regular_file(kSourceDir / "config" / "kgate.toml")) << kSourceDir;
+}
+
+// Every value the sample sets equals the built-in default.
+TEST(SampleConfig, ValuesAreTheDefaults) {
+  GatewayOptions loaded;
+  ASSERT_NO_THROW(load_config_file(kSourceDir / "config" / "kgate.toml", loaded));
+  expect_same_options(loaded, GatewayOptions{});
+}
+
+// The sample says it lists "every key with its default": loading it over non-default values
+// resets every option except the ones it leaves commented out (token, runtime_dir, root_dir).
+TEST(SampleConfig, SetsEveryOption) {
+  GatewayOptions loaded = poisoned_options();
+  ASSERT_NO_THROW(load_config_file(kSourceDir / "config" / "kgate.toml", loaded));
+  GatewayOptions expected;
+  const GatewayOptions poison = poisoned_options();
+  expected.token = poison.token;
+  expected.runtime_dir = poison.runtime_dir;
+  expected.root_dir = poison.root_dir;
+  expect_same_options(loaded, expected);
+}
+
+TEST(LoadConfig, EmptyFileChangesNothing) {
+  TempDir dir;
+  LoadResult r = load_text(dir, "# nothing here\n");
+  EXPECT_EQ(r.error, "");
+  expect_same_options(r.opts, GatewayOptions{});
+}
+
+TEST(LoadConfig, AppliesValues) {
+  TempDir dir;
+  LoadResult r = load_text(dir, R"(
+[server]
+ip = "0.0.0.0"
+port = 0
+token = "abc"
+base_url = "/gw/"
+runtime_dir = "/tmp/rt"
+root_dir = "/srv"
+default_kernel = "ir"
+allow_origins = ["*"]
+allow_hosts = ["box.lan", "other"]
+env_policy = "filtered"
+env_allow = []
+
+[limits]
+max_body_bytes = 2048
+max_pending_requests = 5
+max_kernel_message_bytes = 4096
+
+[kernel]
+ready_timeout_ms = 0
+heartbeat_misses = 7
+launch_attempts = 1
+)");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.ip, "0.0.0.0");
+  EXPECT_EQ(r.opts.port, 0);
+  EXPECT_EQ(r.opts.token, "abc");
+  EXPECT_EQ(r.opts.base_url, "/gw/");
+  EXPECT_EQ(r.opts.runtime_dir, fs::path("/tmp/rt"));
+  EXPECT_EQ(r.opts.root_dir, fs::path("/srv"));
+  EXPECT_EQ(r.opts.default_kernel, "ir");
+  EXPECT_EQ(r.opts.allow_origins, std::vector<std::string>{"*"});
+  EXPECT_EQ(r.opts.allow_hosts, (std::vector<std::string>{"box.lan", "other"}));
+  EXPECT_EQ(r.opts.env_policy, EnvPolicy::filtered);
+  EXPECT_TRUE(r.opts.env_allow.empty());
+  EXPECT_EQ(r.opts.max_body_bytes, 2048u);
+  EXPECT_EQ(r.opts.kernel.max_pending, 5u);
+  EXPECT_EQ(r.opts.kernel.max_message_bytes, 4096u);
+  EXPECT_EQ(r.opts.kernel.ready_timeout.count(), 0);
+  EXPECT_EQ(r.opts.kernel.heartbeat_misses, 7);
+  EXPECT_EQ(r.opts.kernel.launch_attempts, 1);
+}
+
+TEST(LoadConfig, EnvPolicyValues) {
+  TempDir dir;
+  for (auto [text, policy] : {std::pair{"auto", EnvPolicy::automatic}, std::pair{"all", EnvPolicy::all},
+                              std::pair{"filtered", EnvPolicy::filtered}}) {
+    LoadResult r = load_text(dir, std::string("[server]\nenv_policy = \"") + text + "\"\n");
+    EXPECT_EQ(r.error, "") << text;
+    EXPECT_EQ(r.opts.env_policy, policy) << text;
+  }
+}
+
+TEST(LoadConfig, MissingFile) {
+  TempDir dir;
+  GatewayOptions o;
+  const fs::path p = dir.path() / "nope.toml";
+  try {
+    load_config_file(p, o);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_CONTAINS(e.what(), p.string());
+  }
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+TEST(ConfigErrors, UnknownSection) {
+  expect_config_error("[serevr]\nport = 1\n", "serevr");
+  expect_config_error("[limits]\nmax_body_bytes = 2048\n[kernels]\nlaunch_attempts = 1\n", "kernels");
+}
+
+// A misspelt section with no keys under it (yet) is still a misspelt section.
+TEST(ConfigErrors, UnknownEmptySection) {
+  expect_config_error("[serevr]\n", "serevr");
+}
+
+TEST(ConfigErrors, TopLevelKey) {
+  expect_config_error("port = 8787\n", "port");
+}
+
+TEST(ConfigErrors, UnknownKey) {
+  expect_config_error("[server]\nprot = 1\n", "server.prot");
+  expect_config_error("[limits]\nmax_body = 1\n", "limits.max_body");
+  expect_config_error("[kernel]\nready_timeout = 1\n", "kernel.ready_timeout");
+  expect_config_error("[server.sub]\nport = 1\n", "server.sub");
+}
+
+TEST(ConfigErrors, WrongType) {
+  expect_config_error("[server]\nport = \"8787\"\n", "server.port");
+  expect_config_error("[server]\nip = 127\n", "server.ip");
+  expect_config_error("[server]\ntoken = 5\n", "server.token");
+  expect_config_error("[server]\nallow_origins = \"*\"\n", "server.allow_origins");
+  expect_config_error("[server]\nallow_hosts = [1, 2]\n", "server.allow_hosts");
+  expect_config_error("[server]\nenv_allow = [\"A\", 2]\n", "server.env_allow");
+  expect_config_error("[server]\nenv_policy = 1\n", "server.env_policy");
+  expect_config_error("[limits]\nmax_body_bytes = \"16M\"\n", "limits.max_body_bytes");
+  expect_config_error("[limits]\nmax_body_bytes = 2048.5\n", "limits.max_body_bytes");
+  expect_config_error("[kernel]\nheartbeat_misses = [3]\n", "kernel.heartbeat_misses");
+  expect_config_error("[kernel]\nready_timeout_ms = { a = 1 }\n", "kernel.ready_timeout_ms");
+  expect_config_error("server = 1\n", "server");
+}
+
+// toml++'s node::value<int64_t>() converts booleans (true -> 1, false -> 0): `port = false`
+// would silently pick a random port and `heartbeat_misses = true` mean 1.
+TEST(ConfigErrors, BooleanIsNotAnInteger) {
+  expect_config_error("[server]\nport = true\n", "server.port");
+  expect_config_error("[server]\nport = false\n", "server.port");
+  expect_config_error("[limits]\nreplay_messages = false\n", "limits.replay_messages");
+  expect_config_error("[kernel]\nheartbeat_misses = true\n", "kernel.heartbeat_misses");
+}
+
+// ... and integral floats (8787.0 -> 8787, 1e3 -> 1000); TOML keeps the two types apart and
+// the loader says "must be an integer".
+TEST(ConfigErrors, FloatIsNotAnInteger) {
+  expect_config_error("[server]\nport = 8787.0\n", "server.port");
+  expect_config_error("[kernel]\nready_timeout_ms = 6e4\n", "kernel.ready_timeout_ms");
+}
+
+TEST(ConfigErrors, OutOfRange) {
+  expect_config_error("[server]\nport = 65536\n", "server.port");
+  expect_config_error("[server]\nport = -1\n", "server.port");
+  expect_config_error("[server]\nport = 9223372036854775807\n", "server.port");
+  expect_config_error("[limits]\nmax_body_bytes = 10\n", "limits.max_body_bytes");
+  expect_config_error("[limits]\nclient_queue_messages = 0\n", "limits.client_queue_messages");
+  expect_config_error("[limits]\nreplay_ttl_seconds = -5\n", "limits.replay_ttl_seconds");
+  expect_config_error("[kernel]\nheartbeat_misses = 0\n", "kernel.heartbeat_misses");
+  expect_config_error("[kernel]\nlaunch_attempts = 101\n", "kernel.launch_attempts");
+  expect_config_error("[kernel]\nshutdown_grace_ms = -1\n", "kernel.shutdown_grace_ms");
+}
+
+TEST(ConfigErrors, PortBounds) {
+  TempDir dir;
+  EXPECT_EQ(load_text(dir, "[server]\nport = 0\n").error, "");
+  LoadResult r = load_text(dir, "[server]\nport = 65535\n");
+  EXPECT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.port, 65535);
+}
+
+TEST(ConfigErrors, BadEnvPolicy) {
+  expect_config_error("[server]\nenv_policy = \"everything\"\n", "server.env_policy");
+  expect_config_error("[server]\nenv_policy = \"Auto\"\n", "server.env_policy");
+  expect_config_error("[server]\nenv_policy = \"\"\n", "server.env_policy");
+}
+
+TEST(ConfigErrors, SyntaxErrorNamesFileAndLine) {
+  TempDir dir;
+  LoadResult r = load_text(dir, "[server]\nip = \"127.0.0.1\"\nport = = 8787\n");
+  ASSERT_FALSE(r.error.empty());
+  EXPECT_CONTAINS(r.error, r.file.string() + ":3:");
+  r = load_text(dir, "# comment\n\n[server\nport = 1\n");
+  ASSERT_FALSE(r.error.empty());
+  EXPECT_CONTAINS(r.error, r.file.string() + ":3:");
+  r = load_text(dir, "[server]\nip = \"unterminated\n");
+  ASSERT_FALSE(r.error.empty());
+  EXPECT_CONTAINS(r.error, r.file.string() + ":2:");
+  // A key defined twice is a TOML error too.
+  r = load_text(dir, "[server]\nport = 1\nport = 2\n");
+  ASSERT_FALSE(r.error.empty());
+  EXPECT_CONTAINS(r.error, r.file.string() + ":3:");
+}
+
+// ---- token_file --------------------------------------------------------------------------
+
+TEST(TokenFile, ReadsTheFirstLine) {
+  TempDir dir;
+  const fs::path tok = dir.write("token", "s3cret\nsecond line\n");
+  LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.token, "s3cret");
+}
+
+TEST(TokenFile, WithoutTrailingNewline) {
+  TempDir dir;
+  const fs::path tok = dir.write("token", "s3cret");
+  LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.token, "s3cret");
+}
+
+TEST(TokenFile, OverridesAnEarlierToken) {
+  TempDir dir;
+  const fs::path tok = dir.write("token", "fromfile\n");
+  LoadResult r = load_text(dir, "[server]\ntoken = \"inline\"\ntoken_file = \"" + tok.string() + "\"\n");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.token, "fromfile");
+}
+
+// A token file written on Windows (or by `echo` piped through a CRLF tool): the line is the
+// token, not the token plus '\r' (which no client would ever send).
+TEST(TokenFile, CrLfLineEnding) {
+  TempDir dir;
+  const fs::path tok = dir.write("token", "s3cret\r\n");
+  LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.token, "s3cret");
+}
+
+// A configured but empty token file must not silently turn authentication off.
+TEST(TokenFile, EmptyFileIsAnError) {
+  TempDir dir;
+  const fs::path tok = dir.write("token", "");
+  LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
+  ASSERT_FALSE(r.error.empty()) << "loaded with token \"" << r.opts.token << "\" (authentication off)";
+  EXPECT_CONTAINS(r.error, r.file.string());
+  EXPECT_CONTAINS(r.error, "server.token_file");
+}
+
+TEST(TokenFile, MissingFileIsAnError) {
+  TempDir dir;
+  const std::string missing = (dir.path() / "no-such-token").string();
+  TempDir d2;
+  LoadResult r = load_text(d2, "[server]\ntoken_file = \"" + missing + "\"\n");
+  ASSERT_FALSE(r.error.empty());
+  EXPECT_CONTAINS(r.error, r.file.string());
+  EXPECT_CONTAINS(r.error, "server.token_file");
+  EXPECT_CONTAINS(r.error, missing);
+}
+
+TEST(TokenFile, WrongType) {
+  expect_config_error("[server]\ntoken_file = 1\n", "server.token_file");
+}
+
+}  // namespace
+}  // namespace kgate::gw
