@@ -459,8 +459,17 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
 // ---------------------------------------------------------------------------------------
 // Messages
 
+// Only *_request messages get a reply; comm_open/comm_msg/comm_close and input_reply do not,
+// so tracking them would fill the pending table.
+static bool expects_reply(const ClientMessage& m) {
+  static constexpr std::string_view suffix = "_request";
+  return (m.channel == Channel::shell || m.channel == Channel::control) &&
+         m.msg_type.size() > suffix.size() &&
+         m.msg_type.compare(m.msg_type.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
-  if (m.channel == Channel::shell || m.channel == Channel::control) {
+  if (expects_reply(m)) {
     if (k.pending.size() >= opts.max_pending) {
       refuse(k, m, "TooManyRequests",
              "kgate: " + std::to_string(opts.max_pending) +
@@ -490,7 +499,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
       return;
     }
   }
-  if (m.channel == Channel::shell || m.channel == Channel::control) {
+  if (expects_reply(m)) {
     k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
     if (m.channel == Channel::control) {
       k.recent_control.push_back(m.msg_id);
@@ -501,7 +510,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
 
 void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
                                  const std::string& evalue) {
-  if (m.channel != Channel::shell && m.channel != Channel::control) {
+  if (!expects_reply(m)) {
     spdlog::warn("kernel {}: dropped {} from {}: {}", k.kernel->id(), m.msg_type, m.route, evalue);
     return;
   }

@@ -1,0 +1,78 @@
+"""A kernel that dies at start (as ipykernel does when a port was taken in the bind/close
+window) is relaunched on fresh ports, at first start and at restart."""
+import json
+
+# The wrapper runs ipykernel, except on the launches listed in FAIL_ON (1-based), where it
+# saves the connection file it was given and exits 1, like a kernel whose port was taken.
+WRAPPER = r'''
+n=$(cat "$STATE/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$STATE/count"
+case " $FAIL_ON " in *" $n "*) cp "$1" "$STATE/failed-$n.json"; exit 1;; esac
+exec /usr/bin/python3 -m ipykernel_launcher -f "$1"
+'''
+
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def add_spec(kg, name, fail_on, tmp_path):
+    state = tmp_path / name
+    state.mkdir()
+    spec = kg.root / "share" / "kernels" / name
+    spec.mkdir(parents=True)
+    (spec / "wrapper.sh").write_text(WRAPPER)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/bin/sh", "{resource_dir}/wrapper.sh", "{connection_file}"],
+        "display_name": "flaky " + name, "language": "python",
+        "env": {"STATE": str(state), "FAIL_ON": " ".join(map(str, fail_on))},
+    }))
+    return state
+
+
+def ports(path):
+    info = json.loads(path.read_text())
+    return {p: info[p] for p in PORTS}
+
+
+def test_early_exit_at_start_relaunches_on_fresh_ports(kgate, tmp_path):
+    state = add_spec(kgate, "flakystart", [1], tmp_path)
+    status, _, model = kgate.rest("POST", "/api/kernels", {"name": "flakystart"})
+    assert status == 201, (status, model, kgate.log_tail())
+    kid = model["id"]
+    kgate._kernels.add(kid)
+    assert model["execution_state"] == "idle"
+    assert (state / "count").read_text().strip() == "2"
+    first, final = ports(state / "failed-1.json"), ports(kgate.connection_file(kid))
+    assert not set(first.values()) & set(final.values()), (first, final)
+    with kgate.connect(kid) as ws:
+        assert ws.run("print(1+1)").strip() == "2"
+    assert any("relaunching on fresh ports" in line for line in kgate.log_lines)
+    kgate.delete_kernel(kid)
+
+
+def test_early_exit_at_restart_falls_back_to_fresh_ports(kgate, tmp_path):
+    state = add_spec(kgate, "flakyrestart", [2], tmp_path)
+    status, _, model = kgate.rest("POST", "/api/kernels", {"name": "flakyrestart"})
+    assert status == 201, (status, model, kgate.log_tail())
+    kid = model["id"]
+    kgate._kernels.add(kid)
+    before = ports(kgate.connection_file(kid))
+    status, _, model = kgate.rest("POST", f"/api/kernels/{kid}/restart")
+    assert status == 200, (status, model, kgate.log_tail())
+    assert (state / "count").read_text().strip() == "3"
+    assert ports(state / "failed-2.json") == before  # the restart tried the same ports first
+    after = ports(kgate.connection_file(kid))
+    assert not set(before.values()) & set(after.values()), (before, after)
+    with kgate.connect(kid) as ws:
+        assert ws.run("print(2+2)").strip() == "4"
+    kgate.delete_kernel(kid)
+
+
+def test_kernel_that_always_dies_fails_the_start_with_the_reason(kgate, tmp_path):
+    state = add_spec(kgate, "alwaysdies", [1, 2, 3, 4, 5], tmp_path)
+    files_before = set(kgate.runtime_dir.glob("kernel-*.json"))
+    status, _, body = kgate.rest("POST", "/api/kernels", {"name": "alwaysdies"})
+    assert status == 500, (status, body)
+    assert "exited with code 1" in body["message"], body
+    assert (state / "count").read_text().strip() == "3"  # launch_attempts
+    assert set(kgate.runtime_dir.glob("kernel-*.json")) == files_before  # no stale file
+    status, _, listing = kgate.rest("GET", "/api/kernels")
+    assert all(k["name"] != "alwaysdies" for k in listing), listing
