@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <arpa/inet.h>
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
@@ -85,9 +86,22 @@ std::string host_only(std::string_view hostport) {
   return colon == std::string::npos ? h : h.substr(0, colon);
 }
 
+// localhost, *.localhost (RFC 6761 keeps them on loopback), [::1] and 127.0.0.0/8 in
+// dotted form.  "127.0.0.1.evil.example" is a DNS name, not an address: refused.
 bool is_loopback_name(const std::string& host) {
-  return host == "localhost" || host == "[::1]" || starts_with(host, "127.") ||
-         (host.size() > 10 && host.substr(host.size() - 10) == ".localhost");
+  if (host == "localhost" || host == "[::1]") return true;
+  if (host.size() > 10 && host.substr(host.size() - 10) == ".localhost") return true;
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+bool host_allowed(const std::vector<std::string>& allowed, const std::string& host) {
+  for (const auto& h : allowed) {
+    std::string lower = h;
+    for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == host) return true;
+  }
+  return false;
 }
 
 bool is_loopback_bind(const std::string& ip) {
@@ -130,7 +144,7 @@ CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std
 void api_kernels_post(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
   json body = json::object();
   if (!req.body().empty()) {
-    body = json::parse(req.body(), nullptr, false);
+    if (json_depth_within(req.body())) body = json::parse(req.body(), nullptr, false);
     if (body.is_discarded() || !body.is_object()) {
       respond(json_error(req, http::status::bad_request, "The request body must be a JSON object"));
       return;
@@ -315,7 +329,7 @@ std::optional<Response> check_request(const Server& server, const Request& req) 
   std::string host = host_only(req[http::field::host]);
   // DNS rebinding: a loopback server answers only to loopback names (or configured ones).
   if (is_loopback_bind(opts.ip) && !host.empty() && !is_loopback_name(host) &&
-      std::find(opts.allow_hosts.begin(), opts.allow_hosts.end(), host) == opts.allow_hosts.end()) {
+      !host_allowed(opts.allow_hosts, host)) {
     spdlog::warn("refused {} {}: Host {} is not a loopback name", std::string(req.method_string()),
                  std::string(req.target().substr(0, req.target().find('?'))), host);
     return json_error(req, http::status::forbidden,

@@ -1,6 +1,7 @@
 // kgate.toml: reads the config file into GatewayOptions (CLI flags are applied after it).
 #include "config.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -31,7 +32,8 @@ struct Reader {
     fail(key, "must be a string");
   }
   std::int64_t integer(const toml::node& n, const std::string& key, std::int64_t lo, std::int64_t hi) const {
-    auto v = n.value<std::int64_t>();
+    // value<int64_t>() would also convert booleans and floats: insist on an integer.
+    auto v = n.is_integer() ? n.value<std::int64_t>() : std::nullopt;
     if (!v) fail(key, "must be an integer");
     if (*v < lo || *v > hi) fail(key, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
     return *v;
@@ -63,6 +65,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
     if (!sec) r.fail(section, "must be a table ([server], [limits] or [kernel])");
+    if (section != "server" && section != "limits" && section != "kernel")
+      r.fail(section, "unknown section (expected [server], [limits] or [kernel])");
     for (auto& [k, node] : *sec) {
       std::string key(k.str());
       std::string full = section + "." + key;
@@ -71,9 +75,14 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "port") opts.port = int(r.integer(node, full, 0, 65535));
         else if (key == "token") opts.token = r.str(node, full);
         else if (key == "token_file") {
-          std::ifstream in(r.str(node, full));
-          if (!in) r.fail(full, "cannot read " + r.str(node, full));
-          std::getline(in, opts.token);
+          std::string file = r.str(node, full);
+          std::ifstream in(file);
+          if (!in) r.fail(full, "cannot read " + file);
+          std::string line;
+          std::getline(in, line);
+          while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+          if (line.empty()) r.fail(full, file + " is empty: its first line must be the token");
+          opts.token = line;
         } else if (key == "base_url") opts.base_url = r.str(node, full);
         else if (key == "runtime_dir") opts.runtime_dir = r.str(node, full);
         else if (key == "root_dir") opts.root_dir = r.str(node, full);

@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
     std::cerr << "kgate: " << e.what() << "\n";
     return 2;
   }
+  // Kernels inherit kgate's environment: the token must not be in it.
+  ::unsetenv("KGATE_TOKEN");
   if (!ip.empty()) opts.ip = ip;
   if (port >= 0) opts.port = port;
   if (!token.empty()) opts.token = token;

@@ -100,7 +100,9 @@ std::string decode_legacy_binary(std::string_view data, ClientMessage& out) {
   for (std::uint32_t i = 0; i < n; ++i)
     if (offs[i] < 4 + 4 * std::size_t(n) || offs[i] > offs[i + 1])
       return "legacy binary frame: offsets out of order or out of range";
-  json msg = json::parse(data.substr(offs[0], offs[1] - offs[0]), nullptr, false);
+  auto part = data.substr(offs[0], offs[1] - offs[0]);
+  if (!json_depth_within(part)) return "the message nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+  json msg = json::parse(part, nullptr, false);
   if (msg.is_discarded()) return "legacy binary frame: the message part is not JSON";
   if (auto e = from_object(msg, out); !e.empty()) return e;
   for (std::uint32_t i = 1; i < n; ++i)
@@ -123,12 +125,16 @@ std::string decode_v1(std::string_view data, ClientMessage& out) {
   auto ch = parse_channel(channel);
   if (!ch || *ch == Channel::iopub) return "unknown channel \"" + channel + "\"";
   out.channel = *ch;
+  for (std::uint64_t i = 1; i <= 4; ++i)
+    if (!json_depth_within(seg(i))) return "the message nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
   json header = json::parse(seg(1), nullptr, false);
   if (!header.is_object()) return "v1 frame: header is not a JSON object";
   auto id = header.find("msg_id");
   auto type = header.find("msg_type");
-  if (id == header.end() || !id->is_string() || type == header.end() || !type->is_string())
-    return "header.msg_id and header.msg_type must be strings";
+  if (id == header.end() || !id->is_string() || id->get_ref<const std::string&>().empty())
+    return "header.msg_id must be a non-empty string";
+  if (type == header.end() || !type->is_string() || type->get_ref<const std::string&>().empty())
+    return "header.msg_type must be a non-empty string";
   out.msg_id = id->get<std::string>();
   out.msg_type = type->get<std::string>();
   out.wire.header = std::string(seg(1));
@@ -140,7 +146,12 @@ std::string decode_v1(std::string_view data, ClientMessage& out) {
       *dst[i] = "{}";
       continue;
     }
-    if (!json::accept(s)) return std::string("v1 frame: ") + names[i] + " is not JSON";
+    json part = json::parse(s, nullptr, false);
+    if (part.is_null()) {  // JSON null means "none", like a missing part
+      *dst[i] = "{}";
+      continue;
+    }
+    if (!part.is_object()) return std::string("v1 frame: ") + names[i] + " must be a JSON object";
     *dst[i] = std::string(s);
   }
   for (std::uint64_t i = 5; i + 1 < n; ++i) out.wire.buffers.emplace_back(seg(i));
@@ -197,6 +208,7 @@ std::string decode_client(std::string_view data, WsProtocol proto, ClientMessage
   std::size_t i = 0;
   while (i < data.size() && (data[i] == ' ' || data[i] == '\n' || data[i] == '\r' || data[i] == '\t')) ++i;
   if (i < data.size() && data[i] == '{') {
+    if (!json_depth_within(data)) return "the message nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
     json msg = json::parse(data, nullptr, false);
     if (msg.is_discarded()) return "the frame is not valid JSON";
     return from_object(msg, out);

@@ -84,6 +84,13 @@ std::vector<std::string> encode(const WireMessage& msg, const Signer& signer);
 json make_header(std::string_view msg_type, std::string_view session,
                  std::string_view username = "kgate");
 
+// The deepest nesting of arrays and objects kgate parses from a peer.  nlohmann's parser is
+// iterative but dump() and the destructor recurse, so deeper input could exhaust the stack.
+inline constexpr int kMaxJsonDepth = 512;
+// True when `text` nests arrays/objects at most `max_depth` deep (a linear scan that skips
+// strings; it does not validate the JSON).
+bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth) noexcept;
+
 // The current UTC time as "%Y-%m-%dT%H:%M:%S.%fZ" (always six fractional digits).
 std::string iso_now();
 
