@@ -18,7 +18,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,7 +26,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-import websocket
+
+try:
+    import websocket  # python3-websocket
+    import jupyter_client  # noqa: F401
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(f"{exc}: run this suite with /usr/bin/python3 (Debian's interpreter has "
+                      "websocket-client, jupyter_client, ipykernel and jupyter_server)") from exc
 
 PYTHON = "/usr/bin/python3"
 V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
@@ -61,6 +66,14 @@ def make_png(width=64, height=64):
 
 
 LOGO_PNG = make_png()
+
+
+def die_with_parent(sig=signal.SIGTERM):
+    """preexec_fn: signal the child when the test process dies (no orphans if pytest is
+    killed, e.g. by a CTest timeout)."""
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def free_port():
@@ -441,16 +454,19 @@ class KernelWS:
             result.add(msg)
         return result
 
-    def execute_async(self, code, allow_stdin=False, silent=False):
+    def execute_async(self, code, allow_stdin=False, silent=False, stop_on_error=True):
+        """Send an execute_request. Use stop_on_error=False for a cell expected to fail:
+        otherwise ipykernel aborts requests that arrive shortly after the error."""
         msg_id = self.request("execute_request", {
             "code": code, "silent": silent, "store_history": not silent,
-            "user_expressions": {}, "allow_stdin": allow_stdin, "stop_on_error": True,
+            "user_expressions": {}, "allow_stdin": allow_stdin, "stop_on_error": stop_on_error,
         })
         return ExecResult(msg_id)
 
-    def execute(self, code, timeout=30, allow_stdin=False):
+    def execute(self, code, timeout=30, allow_stdin=False, stop_on_error=True):
         """Run code; returns ExecResult once execute_reply AND iopub idle arrived."""
-        return self.collect(self.execute_async(code, allow_stdin=allow_stdin), timeout)
+        return self.collect(self.execute_async(code, allow_stdin=allow_stdin,
+                                               stop_on_error=stop_on_error), timeout)
 
     def run(self, code, timeout=30):
         """execute() and assert success; returns stdout."""
@@ -592,7 +608,7 @@ class Kgate:
     def start(self, timeout=STARTUP_TIMEOUT):
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=str(self.root),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, preexec_fn=die_with_parent)
         for stream, tag in ((self.proc.stdout, "out"), (self.proc.stderr, "err")):
             threading.Thread(target=self._reader, args=(stream, tag), daemon=True).start()
         deadline = time.monotonic() + timeout

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import websocket
 
-from conftest import LISTEN_RE, Kgate, KernelWS, _module_daemon, make_jupyter_env
+from conftest import LISTEN_RE, KernelWS, _module_daemon, make_jupyter_env
 
 TOKEN = "tok-" + uuid.uuid4().hex
 
@@ -120,9 +120,12 @@ def test_non_loopback_with_token_starts(kgate_factory):
 
 # ---------------------------------------------------------------- Origin / Host
 
-def test_foreign_origin_is_403(kgate):
-    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Origin": "http://evil.example"})
-    assert status == 403, (status, body)
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://127.0.0.1:1", "null",
+                                    "http://127.0.0.1.evil.example:{port}"])
+def test_foreign_origin_is_403(kgate, origin):
+    origin = origin.format(port=kgate.port)
+    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Origin": origin})
+    assert status == 403, f"Origin: {origin} -> {status} {body!r}"
 
 
 def test_foreign_origin_post_is_403_and_starts_nothing(kgate):
@@ -152,11 +155,30 @@ def test_no_origin_ok(kgate):
     assert status == 200, (status, body)
 
 
-def test_foreign_host_is_403(kgate):
-    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Host": f"evil.example:{kgate.port}"})
-    assert status == 403, (status, body)
-    status, _, body = kgate.rest("GET", "/api/kernelspecs", headers={"Host": "evil.example"})
-    assert status == 403, (status, body)
+FOREIGN_HOSTS = ["evil.example:{port}", "evil.example", "127.0.0.1.evil.example:{port}",
+                 "127.attacker.example:{port}", "127.0.0.1.nip.io:{port}"]
+
+
+@pytest.mark.parametrize("host", FOREIGN_HOSTS)
+def test_foreign_host_is_403(kgate, host):
+    """DNS rebinding: a name the attacker controls may resolve to 127.0.0.1; only real
+    loopback names/addresses are acceptable Host values (a name merely starting with
+    "127." is not an IPv4 address)."""
+    host = host.format(port=kgate.port)
+    status, _, body = kgate.rest("GET", "/api/kernels", headers={"Host": host})
+    assert status == 403, f"Host: {host} -> {status} {body!r}"
+
+
+def test_dns_rebinding_page_is_refused(kgate):
+    """What a rebinding page sends: its own name in both Host and Origin."""
+    site = f"127.0.0.1.evil.example:{kgate.port}"
+    before = set(os.listdir(kgate.runtime_dir))
+    status, _, body = kgate.rest("POST", "/api/kernels", {"name": "python3"},
+                                 headers={"Host": site, "Origin": f"http://{site}"})
+    if status == 201 and isinstance(body, dict) and "id" in body:
+        kgate._kernels.add(body["id"])
+    assert status == 403, f"rebinding page started a kernel: {status} {body!r}"
+    assert set(os.listdir(kgate.runtime_dir)) == before
 
 
 def test_localhost_host_ok(kgate):
@@ -171,10 +193,11 @@ def test_ws_foreign_origin_is_403(kgate, shared_kernel):
     assert info.value.status_code == 403, str(info.value)
 
 
-def test_ws_foreign_host_is_403(kgate, shared_kernel):
+@pytest.mark.parametrize("host", FOREIGN_HOSTS[:3])
+def test_ws_foreign_host_is_403(kgate, shared_kernel, host):
+    host = host.format(port=kgate.port)
     with pytest.raises(websocket.WebSocketBadStatusException) as info:
-        KernelWS(kgate.ws_url(shared_kernel), host=f"evil.example:{kgate.port}",
-                 suppress_origin=True).close()
+        KernelWS(kgate.ws_url(shared_kernel), host=host, origin=f"http://{host}").close()
     assert info.value.status_code == 403, str(info.value)
 
 

@@ -4,6 +4,7 @@ browser through its own REST API and websocket (assertions are on jupyter_server
 import http.client
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (DISPLAY_NAME, PYTHON, SHUTDOWN_TIMEOUT, KernelWS, free_port, wait_until)
+from conftest import DISPLAY_NAME, PYTHON, KernelWS, die_with_parent, free_port, wait_until
 
 MARKER = "interop-" + uuid.uuid4().hex
 
@@ -41,7 +42,8 @@ class JupyterServer:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.args, env=env, cwd=str(self.notebook_dir),
                                      stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def log_tail(self, n=60):
@@ -183,7 +185,7 @@ def test_kernel_lifecycle_via_server(kgate, jserver):
 
         # -- interrupt through the server
         ws.run("interop_state = 'before restart'")
-        r = ws.execute_async("import time\ntime.sleep(60)")
+        r = ws.execute_async("import time\ntime.sleep(60)", stop_on_error=False)
         ws.wait_for(lambda m: m.get("msg_type") == "execute_input" and parent_id(m) == r.msg_id,
                     15, what="execute_input of the sleep cell")
         time.sleep(0.5)
@@ -201,7 +203,7 @@ def test_kernel_lifecycle_via_server(kgate, jserver):
     assert body["id"] == kid
     ws = jserver.ws(kid, uuid.uuid4().hex)
     try:
-        r = ws.execute("interop_state", timeout=60)
+        r = ws.execute("interop_state", timeout=60, stop_on_error=False)
         assert r.status == "error" and r.error["ename"] == "NameError", f"state survived restart: {r!r}"
         assert ws.run("print('alive after restart')") == "alive after restart\n"
     finally:

@@ -2,11 +2,11 @@
 
 import json
 import os
+import queue
 import signal
 import stat
 import time
 
-import pytest
 from jupyter_client import BlockingKernelClient
 
 from conftest import assert_kernel_model, pid_alive, wait_until
@@ -32,10 +32,33 @@ def kc_run(kc, code, timeout=30):
     return reply["content"], "".join(out)
 
 
+def kc_resync(kc, timeout=15):
+    """Wait until kc's shell gets replies and its iopub SUB is subscribed again (ZMQ drops
+    what a PUB sends before a reconnected SUB's subscription arrives: the slow joiner)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg_id = kc.kernel_info()
+        try:
+            while True:
+                reply = kc.get_shell_msg(timeout=2)
+                if reply["parent_header"].get("msg_id") == msg_id:
+                    break
+            end = time.monotonic() + 1
+            while time.monotonic() < end:
+                msg = kc.get_iopub_msg(timeout=max(0.01, end - time.monotonic()))
+                if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
+                    return
+        except queue.Empty:
+            continue
+    raise AssertionError(f"client attached before the restart got no shell reply + iopub "
+                         f"within {timeout}s after it")
+
+
 def test_interrupt(kgate, kernel, ws_clients):
     ws = kgate.connect(kernel)
     ws_clients.append(ws)
-    r = ws.execute_async("import time\ntime.sleep(60)\nprint('not interrupted')")
+    r = ws.execute_async("import time\ntime.sleep(60)\nprint('not interrupted')",
+                         stop_on_error=False)
     ws.wait_for(lambda m: m.get("msg_type") == "execute_input" and parent_id(m) == r.msg_id, 10,
                 what="execute_input of the sleep cell")
     time.sleep(0.5)  # be inside time.sleep
@@ -90,12 +113,13 @@ def test_restart(kgate, kernel, ws_clients):
         with kgate.connect(kernel) as ws2:
             pid2 = kernel_getpid(ws2)
             assert pid2 != pid1, "restart did not start a new process"
-            r = ws2.execute("restart_marker")
+            r = ws2.execute("restart_marker", stop_on_error=False)
             assert r.status == "error" and r.error["ename"] == "NameError", r
         assert wait_until(lambda: not pid_alive(pid1), 5), f"old kernel pid {pid1} still alive/zombie"
         assert kgate.kernel_pid(kernel) == pid2
 
         # the client attached by connection file before the restart keeps working
+        kc_resync(kc)
         content, out = kc_run(kc, "print('kc after', 'restart_marker' in globals())")
         assert content["status"] == "ok" and out == "kc after False\n", (content, out)
     finally:
@@ -146,20 +170,53 @@ def test_delete(kgate, kernel):
     assert status == 404, f"second DELETE -> {status}"
 
 
+STUBBORN_SETUP = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
+STUBBORN_CELL = """
+while True:
+    try:
+        time.sleep(100)
+    except BaseException:
+        pass
+"""
+
+
+def test_delete_stubborn_kernel(kgate, kernel, ws_clients):
+    """A busy kernel that ignores SIGTERM and swallows KeyboardInterrupt is still removed."""
+    ws = kgate.connect(kernel)
+    ws_clients.append(ws)
+    ws.run(STUBBORN_SETUP)
+    pid = kgate.kernel_pid(kernel)
+    ws.execute_async(STUBBORN_CELL)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    status, _, body = kgate.rest("DELETE", f"/api/kernels/{kernel}", timeout=30)
+    kgate._kernels.discard(kernel)
+    assert status == 204, (status, body)
+    assert wait_until(lambda: not pid_alive(pid), 10), \
+        f"stubborn kernel {pid} still alive {time.monotonic() - t0:.1f}s after DELETE"
+    assert kgate.rest("GET", f"/api/kernels/{kernel}")[0] == 404
+    assert not kgate.connection_file(kernel).exists()
+
+
 def test_sigterm_cleans_up(kgate_factory):
     kg = kgate_factory()
     kernels = [kg.start_kernel()["id"] for _ in range(2)]
     pids = [kg.kernel_pid(k) for k in kernels]
     files = [kg.connection_file(k) for k in kernels]
     assert all(f.is_file() for f in files)
-    ws = kg.connect(kernels[0])  # an open websocket must not block shutdown
+    ws = kg.connect(kernels[0])   # an open websocket must not block shutdown
+    busy = kg.connect(kernels[1])  # a busy kernel that ignores SIGTERM must not either
     try:
         assert ws.run("print('alive')") == "alive\n"
+        busy.run(STUBBORN_SETUP)
+        busy.execute_async(STUBBORN_CELL)
+        time.sleep(0.3)
         t0 = time.monotonic()
         code = kg.stop(timeout=10)
         elapsed = time.monotonic() - t0
     finally:
         ws.close()
+        busy.close()
     assert code in (0, -signal.SIGTERM), f"kgate exited with {code} after SIGTERM\n{kg.log_tail()}"
     assert elapsed <= 10
     alive = [p for p in pids if pid_alive(p)]

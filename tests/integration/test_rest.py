@@ -270,6 +270,19 @@ def test_kernel_env_and_working_dir(kgate, ws_clients):
         kgate.delete_kernel(model["id"])
 
 
+def test_kernel_path_sets_working_dir(kgate, ws_clients):
+    """"path" is an API path relative to the server's root dir (kgate's cwd here)."""
+    (kgate.root / "sub" / "dir").mkdir(parents=True, exist_ok=True)
+    model = kgate.start_kernel({"name": "python3", "path": "sub/dir"})
+    try:
+        ws = kgate.connect(model["id"])
+        ws_clients.append(ws)
+        out = ws.run("import os\nprint(os.getcwd())")
+        assert os.path.realpath(out.strip()) == os.path.realpath(str(kgate.root / "sub" / "dir")), out
+    finally:
+        kgate.delete_kernel(model["id"])
+
+
 def _read_http_response(sock):
     resp = http.client.HTTPResponse(sock)
     resp.begin()
