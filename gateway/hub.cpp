@@ -110,7 +110,11 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
     if (auto old = l->second.lock()) {
       spdlog::info("kernel {}: session {} reconnected; closing its older connection",
                    kernel->id(), a.route);
-      a.replay = old->replace();
+      Unsent u = old->replace();
+      a.replay = std::move(u.msgs);
+      if (u.dropped)
+        a.replay.push_back(drop_notice(kernel, u.dropped, u.dropped_bytes,
+                                       "the connection read too slowly"));
     }
     c.live.erase(l);
   }
@@ -118,7 +122,10 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
     Replay& r = d->second;
     std::deque<OutPtr> kept = std::move(r.msgs);
     for (auto& m : kept) a.replay.push_back(m);
-    if (r.dropped) a.replay.push_back(notice(kernel, r));
+    if (r.dropped)
+      a.replay.push_back(drop_notice(kernel, r.dropped, r.dropped_bytes,
+                                     r.expired ? "it was away longer than the replay window"
+                                               : "the replay buffer limit was reached"));
     c.detached.erase(d);
   }
   c.live[a.route] = client;
@@ -127,7 +134,8 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
   return a;
 }
 
-OutPtr Hub::notice(const KernelPtr& kernel, const Replay& r) {
+OutPtr Hub::drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_t bytes,
+                        const std::string& why) {
   auto m = std::make_shared<KernelMessage>();
   m->channel = Channel::iopub;
   m->synthesized = true;
@@ -137,18 +145,16 @@ OutPtr Hub::notice(const KernelPtr& kernel, const Replay& r) {
   m->wire.header = header.dump();
   m->wire.parent_header = "{}";
   m->wire.metadata = "{}";
-  std::string why = r.expired ? "you were away longer than the replay window"
-                              : "the replay buffer limit was reached";
-  std::string text = "[kgate] " + std::to_string(r.dropped) + " message(s) (" +
-                     std::to_string(r.dropped_bytes) + " bytes) for this session were dropped while it was disconnected: " +
-                     why + ". Current kernel state: " + kernel->execution_state() + ".\n";
+  std::string text = "[kgate] " + std::to_string(dropped) + " message(s) (" + std::to_string(bytes) +
+                     " bytes) for this session were dropped: " + why +
+                     ". Current kernel state: " + kernel->execution_state() + ".\n";
   m->wire.content = json{{"name", "stderr"}, {"text", text}}.dump();
   spdlog::warn("kernel {}: {}", kernel->id(), text.substr(0, text.size() - 1));
   return std::make_shared<OutMsg>(std::move(m), ++seq_);
 }
 
 void Hub::detach(const KernelPtr& kernel, const WsClient* client, const std::string& route,
-                 std::deque<OutPtr> unsent) {
+                 Unsent unsent) {
   --connections_;
   kernel->add_connection(-1);
   auto it = kernels_.find(kernel->id());
@@ -160,7 +166,9 @@ void Hub::detach(const KernelPtr& kernel, const WsClient* client, const std::str
   Replay& r = c.detached[route];
   r.since = std::chrono::steady_clock::now();
   r.sessionless = route.rfind("anon-", 0) == 0;
-  for (auto& m : unsent) keep(r, m);
+  r.dropped += unsent.dropped;
+  r.dropped_bytes += unsent.dropped_bytes;
+  for (auto& m : unsent.msgs) keep(r, m);
   if (r.sessionless) {
     // Only the newest sessionless client's output is kept for adoption.
     if (!c.sessionless_route.empty() && c.sessionless_route != route)

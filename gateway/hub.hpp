@@ -36,14 +36,22 @@ class OutMsg {
 };
 using OutPtr = std::shared_ptr<OutMsg>;
 
+// Messages a connection had not written when it went away, oldest first, and how many it
+// had to drop on top of them (its bounded spill overflowed).
+struct Unsent {
+  std::deque<OutPtr> msgs;
+  std::size_t dropped = 0;
+  std::size_t dropped_bytes = 0;
+};
+
 // What the hub needs of a websocket connection.
 class WsClient {
  public:
   virtual ~WsClient() = default;
   virtual void deliver(const OutPtr& m) = 0;
-  // Closes the connection because another one took over its session id.  Returns the
-  // messages it had not written yet; they go to the new connection first.
-  virtual std::deque<OutPtr> replace() = 0;
+  // Closes the connection because another one took over its session id.  Returns what it
+  // had not written yet; that goes to the new connection first.
+  virtual Unsent replace() = 0;
   // Closes the connection because its kernel is gone.
   virtual void kernel_gone(const std::string& why) = 0;
 };
@@ -67,7 +75,10 @@ class Hub final : public KernelObserver {
   // A connection closed.  `unsent` is what it had queued but not written: it is kept in the
   // route's replay buffer (bounded) for a reconnect.
   void detach(const KernelPtr& kernel, const WsClient* client, const std::string& route,
-              std::deque<OutPtr> unsent);
+              Unsent unsent);
+  // A "[kgate] N message(s) dropped" stderr stream message for a client.
+  OutPtr drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_t bytes,
+                     const std::string& why);
   int connections() const { return connections_; }
   void close_all(const std::string& why);
 
@@ -91,7 +102,6 @@ class Hub final : public KernelObserver {
   void removed(const KernelPtr& kernel);
   void keep(Replay& r, const OutPtr& m);
   void sweep();
-  OutPtr notice(const KernelPtr& kernel, const Replay& r);
 
   net::io_context& ioc_;
   const GatewayOptions& opts_;

@@ -86,22 +86,56 @@ void WsSession::on_read(beast::error_code ec, std::size_t) {
   do_read();
 }
 
+bool WsSession::fits(const OutPtr& m) const {
+  const auto& o = server_.options();
+  return queue_.empty() ||
+         (queue_.size() < o.client_queue_messages && queued_bytes_ + m->bytes() <= o.client_queue_bytes);
+}
+
 void WsSession::deliver(const OutPtr& m) {
-  if (finished_ || closing_) return;
-  if (queue_.size() + 1 > server_.options().client_queue_messages ||
-      queued_bytes_ + m->bytes() > server_.options().client_queue_bytes) {
-    spdlog::warn("kernel {}: session {} is too slow ({} messages, {} bytes unsent); closing it, "
-                 "its output goes to the replay buffer",
-                 kernel_->id(), route_, queue_.size(), queued_bytes_);
+  if (finished_) return;  // detached: the hub no longer routes here
+  if (spill_.empty() && fits(m)) {
     queue_.push_back(m);
     queued_bytes_ += m->bytes();
-    close(websocket::close_code::policy_error,
-          "kgate: client too slow; reconnect with the same session_id to resume");
+    if (!writing_ && !closing_) do_write();
     return;
   }
-  queue_.push_back(m);
-  queued_bytes_ += m->bytes();
-  if (!writing_) do_write();
+  if (!warned_slow_) {
+    warned_slow_ = true;
+    spdlog::warn("kernel {}: session {} reads slowly ({} messages, {} bytes queued); holding "
+                 "further output for it (up to {} bytes)",
+                 kernel_->id(), route_, queue_.size(), queued_bytes_, server_.options().replay_bytes);
+  }
+  spill_.push_back(m);
+  spill_bytes_ += m->bytes();
+  const auto& o = server_.options();
+  while (!spill_.empty() && (spill_bytes_ > o.replay_bytes || spill_.size() > o.replay_messages)) {
+    spill_bytes_ -= spill_.front()->bytes();
+    spill_dropped_bytes_ += spill_.front()->bytes();
+    ++spill_dropped_;
+    spill_.pop_front();
+  }
+}
+
+// Moves spilled messages into the write queue as it drains; a gap left by dropping is marked
+// with a notice at the point where it happened.
+void WsSession::refill() {
+  if (spill_dropped_ && queue_.size() < 2) {
+    queue_.push_back(server_.hub().drop_notice(kernel_, spill_dropped_, spill_dropped_bytes_,
+                                               "the client read too slowly"));
+    queued_bytes_ += queue_.back()->bytes();
+    spill_dropped_ = spill_dropped_bytes_ = 0;
+  }
+  while (!spill_.empty() && !spill_dropped_ && fits(spill_.front())) {
+    queued_bytes_ += spill_.front()->bytes();
+    spill_bytes_ -= spill_.front()->bytes();
+    queue_.push_back(std::move(spill_.front()));
+    spill_.pop_front();
+  }
+  if (spill_.empty() && !spill_dropped_ && warned_slow_) {
+    warned_slow_ = false;
+    spdlog::info("kernel {}: session {} caught up", kernel_->id(), route_);
+  }
 }
 
 void WsSession::do_write() {
@@ -121,6 +155,7 @@ void WsSession::on_write(beast::error_code ec, std::size_t) {
   }
   queued_bytes_ -= queue_.front()->bytes();
   queue_.pop_front();
+  refill();
   if (closing_) {
     close(close_code_, close_reason_);
     return;
@@ -128,14 +163,36 @@ void WsSession::on_write(beast::error_code ec, std::size_t) {
   do_write();
 }
 
-std::deque<OutPtr> WsSession::replace() {
-  auto unsent = std::move(queue_);
-  queue_.clear();
-  queued_bytes_ = 0;
-  // The message being written stays in flight; it is counted as delivered.
-  attached_ = false;  // the new connection owns the route now: nothing to hand back
+// Everything not yet written, oldest first: the queue (its front too when a write failed or
+// is in flight on a connection being dropped), then the spill.
+static Unsent take_unsent(std::deque<OutPtr>& queue, std::deque<OutPtr>& spill,
+                          std::size_t& dropped, std::size_t& dropped_bytes) {
+  Unsent u;
+  u.msgs = std::move(queue);
+  queue.clear();
+  for (auto& m : spill) u.msgs.push_back(std::move(m));
+  spill.clear();
+  u.dropped = dropped;
+  u.dropped_bytes = dropped_bytes;
+  dropped = dropped_bytes = 0;
+  return u;
+}
+
+Unsent WsSession::replace() {
+  // A write in flight may or may not reach the old client; it is counted as delivered.
+  if (writing_ && !queue_.empty()) {
+    auto front = std::move(queue_.front());
+    queue_.pop_front();
+    auto u = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
+    queue_.push_back(std::move(front));
+    attached_ = false;
+    close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
+    return u;
+  }
+  auto u = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
+  attached_ = false;  // the new connection owns the route now
   close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
-  return unsent;
+  return u;
 }
 
 void WsSession::kernel_gone(const std::string& why) {
@@ -158,14 +215,12 @@ void WsSession::close(websocket::close_code code, const std::string& reason) {
 void WsSession::finish() {
   if (finished_) return;
   finished_ = true;
+  Unsent unsent;
   if (attached_) {
     attached_ = false;
-    auto unsent = std::move(queue_);
-    queue_.clear();
-    server_.hub().detach(kernel_, this, route_, std::move(unsent));
-  } else {
-    server_.hub().detach(kernel_, this, route_, {});
+    unsent = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
   }
+  server_.hub().detach(kernel_, this, route_, std::move(unsent));
   beast::error_code ec;
   beast::get_lowest_layer(ws_).socket().close(ec);
   spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);

@@ -1,10 +1,14 @@
 // One websocket connection to /api/kernels/{id}/channels.
 //
 // Threading: lives on the gateway's single Asio thread, like the hub.  Writes: one
-// async_write at a time, from a queue bounded by GatewayOptions::client_queue_bytes and
-// client_queue_messages.  A client that lets the queue pass either bound is closed (1008,
-// "too slow") and its unsent messages move to its session's replay buffer, so a reconnect
-// with the same session_id resumes where it stopped.
+// async_write at a time from `queue_`, bounded by GatewayOptions::client_queue_bytes and
+// client_queue_messages.  Past that bound a slow reader's messages wait in `spill_`, bounded
+// by replay_bytes/replay_messages (the oldest dropped and counted); they move into the queue
+// as it drains, so order is kept and nothing is sent twice.  If the spill had to drop, the
+// client gets a "[kgate] N message(s) dropped" stderr note where the gap is.  Nothing is
+// dropped while the client keeps up; the connection is never closed for being slow (a client
+// that stops answering pings is closed by the websocket idle timeout, and its unsent
+// messages go to its session's replay buffer).
 #pragma once
 
 #include <deque>
@@ -27,7 +31,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void run(http::request<http::string_body> req);
 
   void deliver(const OutPtr& m) override;
-  std::deque<OutPtr> replace() override;
+  Unsent replace() override;
   void kernel_gone(const std::string& why) override;
 
  private:
@@ -47,8 +51,16 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   std::string route_;
   WsProtocol proto_ = WsProtocol::legacy;
   beast::flat_buffer rbuf_;
-  std::deque<OutPtr> queue_;
+  void refill();
+  bool fits(const OutPtr& m) const;
+
+  std::deque<OutPtr> queue_;  // front is being written while writing_
   std::size_t queued_bytes_ = 0;
+  std::deque<OutPtr> spill_;  // waiting for room in queue_
+  std::size_t spill_bytes_ = 0;
+  std::size_t spill_dropped_ = 0;
+  std::size_t spill_dropped_bytes_ = 0;
+  bool warned_slow_ = false;
   bool writing_ = false;
   bool attached_ = false;
   bool closing_ = false;

@@ -7,6 +7,7 @@
 #include "kgate/kernel.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <condition_variable>
 #include <csignal>
 #include <deque>
@@ -163,6 +164,10 @@ struct KernelIo {
   std::filesystem::path file;
   ChildProcess proc;
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
+  // Watches stdin's handshake: the kernel's stdin ROUTER drops an input_request for a peer
+  // it has not met yet, so a kernel is not ready until our stdin DEALER is connected.
+  std::unique_ptr<zmq::socket_t> stdin_monitor;
+  bool stdin_up = false;
   std::string session = new_hex_id();  // kgate's own session id with this kernel
   Phase phase = Phase::launching;
   int attempts = 0;
@@ -254,6 +259,8 @@ struct KernelManager::Impl {
   void launch(KernelIo& k, bool fresh_ports);
   void open_sockets(KernelIo& k);
   void close_sockets(KernelIo& k);
+  void stop_stdin_monitor(KernelIo& k);
+  void on_stdin_monitor(KernelIo& k);
   void send_internal(KernelIo& k, Channel ch, const std::string& msg_type, json content);
   void send_kernel_info(KernelIo& k);
   void check_ready(KernelIo& k);
@@ -336,7 +343,24 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
   };
   k.shell = make(zmq::socket_type::dealer, k.conn.shell_port);
   k.control = make(zmq::socket_type::dealer, k.conn.control_port);
-  k.stdin_ = make(zmq::socket_type::dealer, k.conn.stdin_port);
+  {
+    // The monitor is attached before connect() so the handshake event cannot be missed.
+    k.stdin_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+    k.stdin_->set(zmq::sockopt::linger, 0);
+    k.stdin_->set(zmq::sockopt::routing_id, k.session);
+    std::string mon = "inproc://kgate-stdin-" + k.kernel->id() + "-" + std::to_string(k.epoch);
+    if (zmq_socket_monitor(k.stdin_->handle(), mon.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
+      k.stdin_monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+      k.stdin_monitor->set(zmq::sockopt::linger, 0);
+      k.stdin_monitor->connect(mon);
+      k.stdin_up = false;
+    } else {
+      spdlog::warn("kernel {}: cannot monitor stdin ({}); readiness will not wait for it",
+                   k.kernel->id(), zmq_strerror(zmq_errno()));
+      k.stdin_up = true;
+    }
+    k.stdin_->connect(k.conn.endpoint(k.conn.stdin_port));
+  }
   k.iopub = make(zmq::socket_type::sub, k.conn.iopub_port);
   k.hb = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
   k.hb->set(zmq::sockopt::linger, 0);
@@ -347,11 +371,42 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
 }
 
 void KernelManager::Impl::close_sockets(KernelIo& k) {
+  stop_stdin_monitor(k);
   k.shell.reset();
   k.control.reset();
   k.stdin_.reset();
   k.iopub.reset();
   k.hb.reset();
+}
+
+void KernelManager::Impl::stop_stdin_monitor(KernelIo& k) {
+  if (!k.stdin_monitor) return;
+  if (k.stdin_) zmq_socket_monitor(k.stdin_->handle(), nullptr, 0);
+  k.stdin_monitor.reset();
+}
+
+void KernelManager::Impl::on_stdin_monitor(KernelIo& k) {
+  for (int n = 0; n < 16 && k.stdin_monitor; ++n) {
+    std::vector<zmq::message_t> parts;
+    zmq::message_t part;
+    if (!k.stdin_monitor->recv(part, zmq::recv_flags::dontwait)) return;
+    bool more = part.more();
+    parts.push_back(std::move(part));
+    while (more) {
+      zmq::message_t p2;
+      if (!k.stdin_monitor->recv(p2, zmq::recv_flags::dontwait)) break;
+      more = p2.more();
+      parts.push_back(std::move(p2));
+    }
+    std::uint16_t event = 0;
+    if (parts[0].size() >= 2) std::memcpy(&event, parts[0].data(), 2);
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      k.stdin_up = true;
+      stop_stdin_monitor(k);  // one event is all it is for
+      check_ready(k);
+      return;
+    }
+  }
 }
 
 void KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::string& msg_type,
@@ -404,7 +459,7 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
 
 void KernelManager::Impl::check_ready(KernelIo& k) {
   if ((k.phase == Phase::launching || k.phase == Phase::restarting) && k.ready_reply &&
-      k.iopub_seen)
+      k.iopub_seen && k.stdin_up)
     became_ready(k);
 }
 
@@ -827,7 +882,7 @@ void KernelManager::Impl::run() {
 void KernelManager::Impl::poll_once() {
   struct Slot {
     std::string id;
-    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor
   };
   std::vector<zmq::pollitem_t> items;
   std::vector<Slot> slots;
@@ -846,6 +901,10 @@ void KernelManager::Impl::poll_once() {
     if (k.proc.running() && k.proc.exit_fd() >= 0) {
       items.push_back({nullptr, k.proc.exit_fd(), ZMQ_POLLIN, 0});
       slots.push_back({id, 5});
+    }
+    if (k.stdin_monitor) {
+      items.push_back({k.stdin_monitor->handle(), 0, ZMQ_POLLIN, 0});
+      slots.push_back({id, 7});
     }
   }
   long timeout = 1000;
@@ -885,6 +944,7 @@ void KernelManager::Impl::poll_once() {
       case 3: if (k->iopub) on_readable(*k, *k->iopub, Channel::iopub); break;
       case 4: if (k->hb) on_hb(*k); break;
       case 5: on_exit(*k); break;
+      case 7: on_stdin_monitor(*k); break;
     }
   }
 }

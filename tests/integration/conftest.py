@@ -595,15 +595,21 @@ class Kgate:
     # ---- process ----------------------------------------------------------------
 
     def _reader(self, stream, tag):
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            with self._log_lock:
-                self.log_lines.append(f"[{tag}] {line}")
-            m = LISTEN_RE.search(line)
-            if m and self.port is None:
-                self.port = int(m.group(2))
-                self._listening.set()
+        with open(self.root / f"kgate-{tag}.log", "ab") as keep:  # kept for post-mortems
+            for raw in iter(stream.readline, b""):
+                keep.write(raw)
+                keep.flush()
+                self._line(raw, tag)
         stream.close()
+
+    def _line(self, raw, tag):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        with self._log_lock:
+            self.log_lines.append(f"[{tag}] {line}")
+        m = LISTEN_RE.search(line)
+        if m and self.port is None:
+            self.port = int(m.group(2))
+            self._listening.set()
 
     def start(self, timeout=STARTUP_TIMEOUT):
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=str(self.root),

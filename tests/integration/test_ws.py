@@ -107,19 +107,61 @@ def test_control_channel(kgate, shared_kernel):
         assert reply["channel"] == "control", reply["channel"]
 
 
+def input_roundtrip(ws, value="forty-two", timeout=5):
+    """Run a cell calling input(); answer the input_request. Returns (got_request, result).
+    If the input_request never arrives, a blind input_reply still unblocks the kernel
+    (ipykernel does not check its parent), so one lost request cannot wedge the kernel."""
+    r = ws.execute_async("answer = input('prompt> ')\nprint('got', answer)", allow_stdin=True)
+    try:
+        req = ws.wait_for(lambda m: m.get("msg_type") == "input_request" and parent_id(m) == r.msg_id,
+                          timeout, what="input_request")
+    except TimeoutError:
+        req = None
+    reply = ws.make_msg("input_reply", {"value": value}, channel="stdin")
+    reply["parent_header"] = req["header"] if req else {}
+    ws.send_msg(reply)
+    ws.collect(r, 15)
+    return req, r
+
+
 def test_stdin_input_request(kgate, shared_kernel):
     with kgate.connect(shared_kernel) as ws:
-        r = ws.execute_async("answer = input('prompt> ')\nprint('got', answer)", allow_stdin=True)
-        req = ws.wait_for(lambda m: m.get("msg_type") == "input_request" and parent_id(m) == r.msg_id,
-                          15, what="input_request")
+        req, r = input_roundtrip(ws)
+        assert req is not None, "input_request from the kernel never reached the requesting client"
         assert req["channel"] == "stdin", req
         assert req["content"]["prompt"] == "prompt> "
-        reply = ws.make_msg("input_reply", {"value": "forty-two"}, channel="stdin")
-        reply["parent_header"] = req["header"]
-        ws.send_msg(reply)
-        ws.collect(r, 15)
         assert r.status == "ok", r
         assert r.stdout == "got forty-two\n", r
+
+
+@pytest.mark.parametrize("after", ["start", "restart"])
+def test_stdin_right_after_ready(kgate, after):
+    """input() as the very first cell once POST /api/kernels (or .../restart) returned: the
+    kernel sends input_request on its stdin ROUTER, which drops messages for a peer that
+    is not connected yet, so kgate's stdin channel must be connected before it says ready.
+    Several attempts, since a lost request depends on timing."""
+    attempts, lost = 6, []
+    kid = kgate.start_kernel()["id"] if after == "restart" else None
+    try:
+        for i in range(attempts):
+            if after == "start":
+                kid = kgate.start_kernel()["id"]
+            else:
+                status, _, body = kgate.rest("POST", f"/api/kernels/{kid}/restart")
+                assert status == 200, (status, body)
+            with kgate.connect(kid) as ws:
+                req, r = input_roundtrip(ws, value=f"v{i}", timeout=3)
+                if req is None:
+                    lost.append(i)
+                else:
+                    assert r.stdout == f"got v{i}\n", r
+            if after == "start":
+                kgate.delete_kernel(kid)
+    finally:
+        if after == "restart":
+            kgate.delete_kernel(kid, check=False)
+    assert not lost, (f"input_request lost in attempts {lost} of {attempts}: the first cell after "
+                      f"{after} called input() and the kernel's request never reached the client")
 
 
 def test_unknown_kernel_ws_is_404(kgate):

@@ -767,6 +767,53 @@ TEST(DecodeClientErrors, V1NonObjectParts) {
   EXPECT_TRUE(accepted.empty()) << "v1 frames accepted with a non-object part:" << list;
 }
 
+// ---- nesting limit -----------------------------------------------------------------------
+
+std::string nested_arrays(std::size_t depth) {
+  return std::string(depth, '[') + std::string(depth, ']');
+}
+
+// Client JSON may nest kMaxJsonDepth levels (counting the message object itself); one more
+// is refused, in every layout.
+TEST(DecodeClientNesting, LimitIsExact) {
+  const std::size_t limit = std::size_t(kMaxJsonDepth);
+  auto legacy = [](std::size_t arrays) {  // {"header":{..},"content":{"a":[[..]]}}: 2 + arrays
+    return R"({"header":{"msg_id":"i","msg_type":"t"},"content":{"a":)" + nested_arrays(arrays) + "}}";
+  };
+  auto v1 = [](std::size_t arrays) {  // content {"a":[[..]]}: 1 + arrays
+    return make_v1("shell", {R"({"msg_id":"i","msg_type":"t"})", "{}", "{}", "{\"a\":" + nested_arrays(arrays) + "}"});
+  };
+  ClientMessage out;
+  EXPECT_EQ(decode_client(legacy(limit - 2), WsProtocol::legacy, out), "");
+  EXPECT_EQ(decode_client(make_legacy_binary(legacy(limit - 2), {"b"}), WsProtocol::legacy, out), "");
+  EXPECT_EQ(decode_client(v1(limit - 1), WsProtocol::v1, out), "");
+  EXPECT_EQ(json::parse(out.wire.content).at("a").dump(), nested_arrays(limit - 1));
+  expect_decode_error(legacy(limit - 1), WsProtocol::legacy, "legacy JSON one level too deep");
+  expect_decode_error(make_legacy_binary(legacy(limit - 1), {"b"}), WsProtocol::legacy, "legacy binary one level too deep");
+  expect_decode_error(v1(limit), WsProtocol::v1, "v1 content one level too deep");
+  for (int part = 1; part <= 3; ++part) {
+    std::vector<std::string> parts = {R"({"msg_id":"i","msg_type":"t"})", "{}", "{}", "{}"};
+    parts[std::size_t(part)] = "{\"a\":" + nested_arrays(limit) + "}";
+    expect_decode_error(make_v1("shell", parts), WsProtocol::v1, "v1 part " + std::to_string(part) + " too deep");
+  }
+  expect_decode_error(make_v1("shell", {R"({"msg_id":"i","msg_type":"t","x":)" + nested_arrays(limit) + "}", "{}", "{}", "{}"}),
+                      WsProtocol::v1, "v1 header too deep");
+}
+
+// Brackets inside strings (code, text, escaped quotes) are not nesting.
+TEST(DecodeClientNesting, BracketsInStringsDoNotCount) {
+  const std::string brackets(5000, '[');
+  json j = valid_client_json();
+  j["content"]["code"] = "print(\"" + brackets + "\\\") + \"" + std::string(3000, '{') + "\"";
+  j["header"]["note"] = "\\" + brackets;
+  ClientMessage out;
+  EXPECT_EQ(decode_client(j.dump(), WsProtocol::legacy, out), "");
+  EXPECT_EQ(json::parse(out.wire.content).at("code"), j["content"]["code"]);
+  EXPECT_EQ(decode_client(make_legacy_binary(j.dump(), {"b"}), WsProtocol::legacy, out), "");
+  EXPECT_EQ(decode_client(make_v1("shell", {j["header"].dump(), "{}", "{}", j["content"].dump()}), WsProtocol::v1, out), "");
+  EXPECT_EQ(json::parse(out.wire.content).at("code"), j["content"]["code"]);
+}
+
 // ---- robustness -------------------------------------------------------------------------
 
 // Runs `fn` in a forked child: "" if the child exited normally with status 0, else how it
@@ -784,10 +831,6 @@ std::string survives(const std::function<void()>& fn) {
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
   if (WIFEXITED(status) && WEXITSTATUS(status) != 0) return "exit status " + std::to_string(WEXITSTATUS(status));
   return "";
-}
-
-std::string nested_arrays(std::size_t depth) {
-  return std::string(depth, '[') + std::string(depth, ']');
 }
 
 // A hostile client can nest JSON deeply; the decoder must answer (accept or refuse) without
