@@ -110,7 +110,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "max_detached_sessions") opts.max_detached_sessions = std::size_t(r.integer(node, full, 0, 1 << 20));
         else if (key == "max_pending_requests") opts.kernel.max_pending = std::size_t(r.integer(node, full, 1, big));
         else if (key == "max_held_messages") opts.kernel.max_held = std::size_t(r.integer(node, full, 0, big));
-        else if (key == "max_kernel_message_bytes") opts.kernel.max_message_bytes = std::size_t(r.integer(node, full, 1024, big));
+        // The legacy websocket format has 32-bit offsets: a message must stay under 4 GiB.
+        else if (key == "max_kernel_message_bytes") opts.kernel.max_message_bytes = std::size_t(r.integer(node, full, 1024, (std::int64_t(1) << 32) - 1));
         else r.fail(full, "unknown key");
       } else if (section == "kernel") {
         auto ms = [&](std::chrono::milliseconds& dst) { dst = std::chrono::milliseconds(r.integer(node, full, 0, big)); };

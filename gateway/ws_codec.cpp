@@ -54,7 +54,7 @@ std::string legacy_json(const KernelMessage& m, bool with_buffers_key) {
 std::string from_object(json& msg, ClientMessage& out) {
   if (!msg.is_object()) return "a message must be a JSON object";
   std::string channel = "shell";
-  if (auto it = msg.find("channel"); it != msg.end()) {
+  if (auto it = msg.find("channel"); it != msg.end() && !it->is_null()) {
     if (!it->is_string()) return "\"channel\" must be a string";
     channel = it->get<std::string>();
   }
