@@ -502,11 +502,7 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
   k.restart_requested = false;
   if (!was_restart) {
     // A kernel that never started is not kept: the POST that asked for it gets the error.
-    auto id = k.kernel->id();
-    finish_removal(k);
-    for (auto& w : waiters) w(StartResult{nullptr, why});
-    (void)id;
-    return;
+    finish_removal(k);  // k is gone after this
   }
   for (auto& w : waiters) w(StartResult{nullptr, why});
 }
