@@ -47,8 +47,13 @@ void WsSession::on_accept(beast::error_code ec) {
     spdlog::info("kernel {}: websocket handshake failed: {}", kernel_->id(), ec.message());
     return;
   }
+  if (!server_.manager().get(kernel_->id())) {  // deleted during the handshake
+    close(websocket::close_code::going_away, "kgate: kernel " + kernel_->id() + " was shut down");
+    return;
+  }
   auto a = server_.hub().attach(kernel_, shared_from_this(), session_id_);
   attached_ = true;
+  counted_ = true;
   route_ = a.route;
   spdlog::info("kernel {}: websocket opened (session {}, {} protocol, {} replayed)", kernel_->id(),
                route_, proto_ == WsProtocol::v1 ? "v1" : "legacy", a.replay.size());
@@ -220,7 +225,7 @@ void WsSession::finish() {
     attached_ = false;
     unsent = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
   }
-  server_.hub().detach(kernel_, this, route_, std::move(unsent));
+  if (counted_) server_.hub().detach(kernel_, this, route_, std::move(unsent));
   beast::error_code ec;
   beast::get_lowest_layer(ws_).socket().close(ec);
   spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);

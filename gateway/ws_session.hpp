@@ -62,7 +62,8 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   std::size_t spill_dropped_bytes_ = 0;
   bool warned_slow_ = false;
   bool writing_ = false;
-  bool attached_ = false;
+  bool attached_ = false;  // owns its route in the hub (false once replaced)
+  bool counted_ = false;   // the hub counts this connection: detach() exactly once
   bool closing_ = false;
   bool finished_ = false;
   bool close_sent_ = false;
