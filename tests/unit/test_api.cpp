@@ -3,41 +3,23 @@
 #include "api.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "server.hpp"
+#include "support.hpp"
 
 namespace kgate::gw {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-api-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kgate::test::TempDir;
 
 // ---- split_target ------------------------------------------------------------------------
 
@@ -191,7 +173,7 @@ class CheckRequest : public ::testing::Test {
     servers_.clear();  // before the temp dir goes
   }
 
-  TempDir tmp_;
+  TempDir tmp_{"kgate-api"};
   std::vector<std::unique_ptr<Server>> servers_;
 };
 

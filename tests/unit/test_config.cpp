@@ -2,13 +2,13 @@
 #include "config.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+#include "support.hpp"
 
 namespace kgate::gw {
 namespace {
@@ -18,30 +18,17 @@ namespace fs = std::filesystem;
 // <source>/tests/data -> <source>
 const fs::path kSourceDir = fs::path(KGATE_TEST_DATA_DIR).parent_path().parent_path();
 
-class TempDir {
+// A kgate-config-XXXXXX temp dir that also writes files into itself.
+class ConfigDir : public test::TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-config-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
+  ConfigDir() : TempDir("kgate-config") {}
 
+  // Writes <dir>/<name> with `text` and returns its path.
   fs::path write(const std::string& name, std::string_view text) const {
-    const fs::path p = path_ / name;
-    std::ofstream out(p, std::ios::binary);
-    out.write(text.data(), std::streamsize(text.size()));
+    const fs::path p = path() / name;
+    test::write_file(p, text);
     return p;
   }
-
- private:
-  fs::path path_;
 };
 
 // Compares every field of GatewayOptions (and its KernelOptions), one expectation each.
@@ -124,7 +111,7 @@ struct LoadResult {
   fs::path file;
   GatewayOptions opts;
 };
-LoadResult load_text(const TempDir& dir, std::string_view text) {
+LoadResult load_text(const ConfigDir& dir, std::string_view text) {
   LoadResult r;
   r.file = dir.write("kgate.toml", text);
   try {
@@ -140,7 +127,7 @@ LoadResult load_text(const TempDir& dir, std::string_view text) {
 
 // Loading `text` must fail with a message naming the file and `key`.
 void expect_config_error(std::string_view text, const std::string& key) {
-  TempDir dir;
+  ConfigDir dir;
   LoadResult r;
   EXPECT_NO_FATAL_FAILURE(r = load_text(dir, text));
   SCOPED_TRACE(std::string(text));
@@ -176,14 +163,14 @@ TEST(SampleConfig, SetsEveryOption) {
 }
 
 TEST(LoadConfig, EmptyFileChangesNothing) {
-  TempDir dir;
+  ConfigDir dir;
   LoadResult r = load_text(dir, "# nothing here\n");
   EXPECT_EQ(r.error, "");
   expect_same_options(r.opts, GatewayOptions{});
 }
 
 TEST(LoadConfig, AppliesValues) {
-  TempDir dir;
+  ConfigDir dir;
   LoadResult r = load_text(dir, R"(
 [server]
 ip = "0.0.0.0"
@@ -229,7 +216,7 @@ launch_attempts = 1
 }
 
 TEST(LoadConfig, EnvPolicyValues) {
-  TempDir dir;
+  ConfigDir dir;
   for (auto [text, policy] : {std::pair{"auto", EnvPolicy::automatic}, std::pair{"all", EnvPolicy::all},
                               std::pair{"filtered", EnvPolicy::filtered}}) {
     LoadResult r = load_text(dir, std::string("[server]\nenv_policy = \"") + text + "\"\n");
@@ -239,7 +226,7 @@ TEST(LoadConfig, EnvPolicyValues) {
 }
 
 TEST(LoadConfig, MissingFile) {
-  TempDir dir;
+  ConfigDir dir;
   GatewayOptions o;
   const fs::path p = dir.path() / "nope.toml";
   try {
@@ -317,7 +304,7 @@ TEST(ConfigErrors, OutOfRange) {
 }
 
 TEST(ConfigErrors, PortBounds) {
-  TempDir dir;
+  ConfigDir dir;
   EXPECT_EQ(load_text(dir, "[server]\nport = 0\n").error, "");
   LoadResult r = load_text(dir, "[server]\nport = 65535\n");
   EXPECT_EQ(r.error, "");
@@ -331,7 +318,7 @@ TEST(ConfigErrors, BadEnvPolicy) {
 }
 
 TEST(ConfigErrors, SyntaxErrorNamesFileAndLine) {
-  TempDir dir;
+  ConfigDir dir;
   LoadResult r = load_text(dir, "[server]\nip = \"127.0.0.1\"\nport = = 8787\n");
   ASSERT_FALSE(r.error.empty());
   EXPECT_CONTAINS(r.error, r.file.string() + ":3:");
@@ -350,7 +337,7 @@ TEST(ConfigErrors, SyntaxErrorNamesFileAndLine) {
 // ---- token_file --------------------------------------------------------------------------
 
 TEST(TokenFile, ReadsTheFirstLine) {
-  TempDir dir;
+  ConfigDir dir;
   const fs::path tok = dir.write("token", "s3cret\nsecond line\n");
   LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
   ASSERT_EQ(r.error, "");
@@ -358,7 +345,7 @@ TEST(TokenFile, ReadsTheFirstLine) {
 }
 
 TEST(TokenFile, WithoutTrailingNewline) {
-  TempDir dir;
+  ConfigDir dir;
   const fs::path tok = dir.write("token", "s3cret");
   LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
   ASSERT_EQ(r.error, "");
@@ -366,7 +353,7 @@ TEST(TokenFile, WithoutTrailingNewline) {
 }
 
 TEST(TokenFile, OverridesAnEarlierToken) {
-  TempDir dir;
+  ConfigDir dir;
   const fs::path tok = dir.write("token", "fromfile\n");
   LoadResult r = load_text(dir, "[server]\ntoken = \"inline\"\ntoken_file = \"" + tok.string() + "\"\n");
   ASSERT_EQ(r.error, "");
@@ -376,7 +363,7 @@ TEST(TokenFile, OverridesAnEarlierToken) {
 // A token file written on Windows (or by `echo` piped through a CRLF tool): the line is the
 // token, not the token plus '\r' (which no client would ever send).
 TEST(TokenFile, CrLfLineEnding) {
-  TempDir dir;
+  ConfigDir dir;
   const fs::path tok = dir.write("token", "s3cret\r\n");
   LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
   ASSERT_EQ(r.error, "");
@@ -385,7 +372,7 @@ TEST(TokenFile, CrLfLineEnding) {
 
 // A configured but empty token file must not silently turn authentication off.
 TEST(TokenFile, EmptyFileIsAnError) {
-  TempDir dir;
+  ConfigDir dir;
   const fs::path tok = dir.write("token", "");
   LoadResult r = load_text(dir, "[server]\ntoken_file = \"" + tok.string() + "\"\n");
   ASSERT_FALSE(r.error.empty()) << "loaded with token \"" << r.opts.token << "\" (authentication off)";
@@ -394,9 +381,9 @@ TEST(TokenFile, EmptyFileIsAnError) {
 }
 
 TEST(TokenFile, MissingFileIsAnError) {
-  TempDir dir;
+  ConfigDir dir;
   const std::string missing = (dir.path() / "no-such-token").string();
-  TempDir d2;
+  ConfigDir d2;
   LoadResult r = load_text(d2, "[server]\ntoken_file = \"" + missing + "\"\n");
   ASSERT_FALSE(r.error.empty());
   EXPECT_CONTAINS(r.error, r.file.string());

@@ -6,17 +6,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "kgate/wire.hpp"
+#include "support.hpp"
 
 namespace kgate {
 namespace {
@@ -26,50 +24,9 @@ using nlohmann::json;
 
 // ---- helpers ---------------------------------------------------------------------------
 
-// Whether `s` matches `pattern` character by character: 'x' is a lowercase hex digit, 'd' a
-// decimal digit, 'V' an RFC 4122 variant digit [89ab]; anything else must match literally.
-// (Hand-rolled instead of std::regex, which trips GCC 12 warnings under the sanitizers.)
-bool matches_pattern(std::string_view s, std::string_view pattern) {
-  if (s.size() != pattern.size()) return false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    const bool digit = c >= '0' && c <= '9';
-    switch (pattern[i]) {
-      case 'x':
-        if (!digit && !(c >= 'a' && c <= 'f')) return false;
-        break;
-      case 'd':
-        if (!digit) return false;
-        break;
-      case 'V':
-        if (c != '8' && c != '9' && c != 'a' && c != 'b') return false;
-        break;
-      default:
-        if (c != pattern[i]) return false;
-    }
-  }
-  return true;
-}
-
-// A fresh directory, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-conn-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kgate::test::matches_pattern;
+using kgate::test::read_file;
+using kgate::test::TempDir;
 
 // Sets (or, with nullopt, unsets) an environment variable, restoring it at scope exit.
 class ScopedEnv {
@@ -100,27 +57,11 @@ unsigned file_mode(const fs::path& p) {
   return st.st_mode & 07777;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // Runs a Python script (written to `dir`) with the given argument; returns its stdout.
 std::string run_python(const fs::path& dir, const std::string& script, const fs::path& arg) {
-  const fs::path file = dir / "script.py";
-  std::ofstream(file) << script;
-  const std::string cmd = std::string(KGATE_TEST_PYTHON) + " '" + file.string() + "' '" +
-                          arg.string() + "'";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (const std::size_t n = std::fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  if (status != 0) throw std::runtime_error("python failed (" + std::to_string(status) + "): " + out);
-  return out;
+  const test::CommandResult r = test::run_python_script(dir, script, {arg.string()});
+  if (r.status != 0) throw std::runtime_error("python failed (" + std::to_string(r.status) + "): " + r.output);
+  return r.output;
 }
 
 ConnectionInfo sample_info() {
@@ -245,7 +186,7 @@ TEST(ConnectionInfo, MistypedFieldIsNamed) {
 // ---- files -----------------------------------------------------------------------------
 
 TEST(ConnectionFile, WriteReadRoundTripMode0600) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path file = dir.path() / "kernel-1.json";
   ConnectionInfo c = sample_info();
   c.jupyter_session = "sess";
@@ -253,7 +194,7 @@ TEST(ConnectionFile, WriteReadRoundTripMode0600) {
   EXPECT_EQ(file_mode(file), 0600u);
   expect_same(load_connection_info(file), c);
 
-  const std::string text = read_text(file);
+  const std::string text = read_file(file);
   EXPECT_EQ(json::parse(text), c.to_json());
   EXPECT_NE(text.find("\n  \"control_port\": 50004"), std::string::npos) << text;  // indent 2
   // Nothing but the file itself is left in the directory.
@@ -261,7 +202,7 @@ TEST(ConnectionFile, WriteReadRoundTripMode0600) {
 }
 
 TEST(ConnectionFile, ModeIs0600RegardlessOfUmask) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const mode_t old = ::umask(0);
   const fs::path file = dir.path() / "k.json";
   write_connection_file(file, sample_info());
@@ -270,7 +211,7 @@ TEST(ConnectionFile, ModeIs0600RegardlessOfUmask) {
 }
 
 TEST(ConnectionFile, OverwritesAtomically) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path file = dir.path() / "k.json";
   std::ofstream(file) << "old contents that are longer than the new file would ever be ..."
                       << std::string(4096, '.');
@@ -286,7 +227,7 @@ TEST(ConnectionFile, OverwritesAtomically) {
 }
 
 TEST(ConnectionFile, WriteErrors) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path missing = dir.path() / "no" / "such" / "k.json";
   expect_error_mentions([&] { write_connection_file(missing, sample_info()); },
                         {missing.string()});
@@ -294,7 +235,7 @@ TEST(ConnectionFile, WriteErrors) {
 }
 
 TEST(ConnectionFile, LoadErrorsNamePathAndReason) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path missing = dir.path() / "absent.json";
   expect_error_mentions([&] { load_connection_info(missing); },
                         {missing.string(), "No such file"});
@@ -316,7 +257,7 @@ TEST(ConnectionFile, LoadErrorsNamePathAndReason) {
 // ---- directories -----------------------------------------------------------------------
 
 TEST(Dirs, EnsurePrivateDir) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path nested = dir.path() / "a" / "b" / "runtime";
   ensure_private_dir(nested);
   EXPECT_TRUE(fs::is_directory(nested));
@@ -377,7 +318,7 @@ TEST(Dirs, RuntimeDirFromEnvironment) {
 }
 
 TEST(Dirs, RuntimeDirMatchesJupyterCore) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   ScopedEnv home("HOME", dir.path().string());
   ScopedEnv d("JUPYTER_DATA_DIR", std::nullopt);
   ScopedEnv x("XDG_DATA_HOME", std::nullopt);
@@ -433,7 +374,7 @@ TEST(Ids, UuidFormatAndUniqueness) {
 // ---- interop with jupyter_client -------------------------------------------------------
 
 TEST(Interop, JupyterClientLoadsOurFile) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path file = dir.path() / "kernel-ours.json";
   const ConnectionInfo c = sample_info();
   write_connection_file(file, c);
@@ -465,7 +406,7 @@ print(json.dumps({
 }
 
 TEST(Interop, WeLoadJupyterClientFile) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path file = dir.path() / "kernel-theirs.json";
   const std::string out = run_python(dir.path(), R"PY(
 import json, os, stat, sys
@@ -495,12 +436,12 @@ print(json.dumps(cfg))
   // And our rewrite of it round-trips through jupyter_client's own fields unchanged.
   const fs::path copy = dir.path() / "copy.json";
   write_connection_file(copy, c);
-  json theirs = json::parse(read_text(file));
-  EXPECT_EQ(json::parse(read_text(copy)), theirs);
+  json theirs = json::parse(read_file(file));
+  EXPECT_EQ(json::parse(read_file(copy)), theirs);
 }
 
 TEST(Interop, IpcTransport) {
-  TempDir dir;
+  TempDir dir{"kgate-conn"};
   const fs::path file = dir.path() / "kernel-ipc.json";
   ConnectionInfo c = sample_info();
   c.transport = "ipc";

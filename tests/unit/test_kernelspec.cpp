@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include "support.hpp"
+
 namespace kgate {
 namespace {
 
@@ -16,37 +18,23 @@ namespace fs = std::filesystem;
 
 const fs::path kData = fs::path(KGATE_TEST_DATA_DIR) / "kernelspecs";
 
-// A fresh temporary directory, removed with everything in it at the end of the test.
-class TempDir {
+// A fresh kgate-kspec-XXXXXX temp dir (removed at the end of the test) that also writes kernelspecs.
+class SpecDir : public test::TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-kspec-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
+  SpecDir() : TempDir("kgate-kspec") {}
 
   // Writes <root>/<name>/kernel.json with `json` and returns the spec directory.
   fs::path spec(const std::string& name, const std::string& json) const {
-    const fs::path dir = path_ / name;
+    const fs::path dir = path() / name;
     fs::create_directories(dir);
     std::ofstream(dir / "kernel.json") << json;
     return dir;
   }
-
- private:
-  fs::path path_;
 };
 
 // The message of the runtime_error load_kernelspec throws for `json`, or "" if it loads.
 std::string load_error(const std::string& json) {
-  TempDir t;
+  SpecDir t;
   const fs::path dir = t.spec("k", json);
   try {
     load_kernelspec(dir);
@@ -71,7 +59,7 @@ TEST(LoadKernelSpec, LoadsAllFields) {
 }
 
 TEST(LoadKernelSpec, DefaultsForOptionalFields) {
-  TempDir t;
+  SpecDir t;
   const KernelSpec s = load_kernelspec(t.spec("MinImal", R"({"argv":["a"],"display_name":"D"})"));
   EXPECT_EQ(s.name, "minimal");
   EXPECT_EQ(s.language, "");
@@ -87,13 +75,13 @@ TEST(LoadKernelSpec, InterruptModeMessage) {
 }
 
 TEST(LoadKernelSpec, TrailingSlashStillNamesTheDirectory) {
-  TempDir t;
+  SpecDir t;
   const fs::path dir = t.spec("Slashed", R"({"argv":["a"],"display_name":"D"})");
   EXPECT_EQ(load_kernelspec(dir.string() + "/").name, "slashed");
 }
 
 TEST(LoadKernelSpec, MissingFile) {
-  TempDir t;
+  SpecDir t;
   try {
     load_kernelspec(t.path());
     FAIL() << "expected an exception";
@@ -161,7 +149,7 @@ TEST(SpecJson, HasNormalizedKeysAndExtras) {
 }
 
 TEST(SpecJson, MinimalSpecGetsEveryKey) {
-  TempDir t;
+  SpecDir t;
   const KernelSpec s = load_kernelspec(t.spec("m", R"({"argv":["a"],"display_name":"D"})"));
   const nlohmann::json j = s.spec_json();
   EXPECT_EQ(j, nlohmann::json({{"argv", {"a"}},
@@ -221,7 +209,7 @@ TEST(Scan, EmptyAndMissing) {
 }
 
 TEST(Scan, CaseVariantsInOneDirectoryYieldOneSpec) {
-  TempDir t;
+  SpecDir t;
   t.spec("Foo", R"({"argv":["a"],"display_name":"Upper"})");
   t.spec("foo", R"({"argv":["a"],"display_name":"Lower"})");
   const KernelSpecScan scan = scan_kernelspecs({t.path()});
@@ -231,7 +219,7 @@ TEST(Scan, CaseVariantsInOneDirectoryYieldOneSpec) {
 }
 
 TEST(Scan, IgnoresPlainFiles) {
-  TempDir t;
+  SpecDir t;
   std::ofstream(t.path() / "kernel.json") << R"({"argv":["a"],"display_name":"D"})";
   t.spec("ok", R"({"argv":["a"],"display_name":"D"})");
   const KernelSpecScan scan = scan_kernelspecs({t.path()});

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -20,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "support.hpp"
+
 namespace kgate {
 namespace {
 
@@ -27,24 +28,8 @@ namespace fs = std::filesystem;
 
 const std::map<std::string, std::string> kMinimalEnv{{"PATH", "/usr/bin:/bin"}};
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-proc-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = fs::canonical(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using kgate::test::read_file;
+using kgate::test::TempDir;
 
 // Kills (the group of) a child still running at the end of a test, so failures leave no strays.
 struct KillOnExit {
@@ -64,13 +49,6 @@ ChildProcess launch(std::vector<std::string> argv,
   o.env = std::move(env);
   o.cwd = std::move(cwd);
   return ChildProcess::launch(o);
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // True while `pid` exists and is not a zombie (orphans may be reaped late, or never, by pid 1).
@@ -139,7 +117,7 @@ TEST(Launch, NonexistentProgramThrowsEnoent) {
 }
 
 TEST(Launch, NotExecutableThrowsEacces) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   const fs::path f = t.path() / "plain";
   std::ofstream(f) << "#!/bin/sh\nexit 0\n";
   try {
@@ -153,7 +131,7 @@ TEST(Launch, NotExecutableThrowsEacces) {
 TEST(Launch, EmptyArgvThrows) { EXPECT_THROW(launch({}), std::system_error); }
 
 TEST(Launch, Cwd) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   ChildProcess c = launch({"/bin/sh", "-c", "/bin/pwd -P > out.txt"}, kMinimalEnv, t.path());
   ASSERT_TRUE(c.wait_for_exit(5000));
   EXPECT_EQ(c.describe_exit(), "exited with code 0");
@@ -171,7 +149,7 @@ TEST(Launch, BadCwdThrows) {
 }
 
 TEST(Launch, EnvironmentIsExactlyTheGivenOne) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   const std::map<std::string, std::string> env{
       {"PATH", "/usr/bin:/bin"}, {"KGATE_A", "alpha beta"}, {"KGATE_EMPTY", ""}, {"LC_ALL", "C"}};
   const fs::path out = t.path() / "env.txt";
@@ -203,7 +181,7 @@ TEST(Launch, EnvironmentSeenInProcEnviron) {
 }
 
 TEST(Launch, BareNameResolvedOnEnvPath) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   const fs::path prog = t.path() / "kgate-test-prog";
   std::ofstream(prog) << "#!/bin/sh\nexit 7\n";
   fs::permissions(prog, fs::perms::owner_all);
@@ -213,7 +191,7 @@ TEST(Launch, BareNameResolvedOnEnvPath) {
 }
 
 TEST(Launch, StdinIsDevNull) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   ChildProcess c = launch({"/bin/sh", "-c", "readlink /proc/self/fd/0 > in.txt"}, kMinimalEnv,
                           t.path());
   ASSERT_TRUE(c.wait_for_exit(5000));
@@ -262,7 +240,7 @@ TEST(Launch, NoLeakedDescriptors) {
 }
 
 TEST(Signal, GroupKillsSleepAndGrandchild) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   const fs::path pidfile = t.path() / "gc.pid";
   ChildProcess c = launch({"/bin/sh", "-c", "sleep 30 & echo $! > \"$0\"; wait", pidfile.string()});
   KillOnExit k{c};
@@ -404,7 +382,7 @@ TEST(DeathSignal, WithoutItTheGrandchildSurvives) {
 }
 
 TEST(FindProgram, SearchesEnvPathThenFallsBack) {
-  TempDir t;
+  TempDir t{"kgate-proc", TempDir::canonical};
   const fs::path exe = t.path() / "kgate-exe";
   const fs::path plain = t.path() / "kgate-plain";
   std::ofstream(exe) << "#!/bin/sh\n";

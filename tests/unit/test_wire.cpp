@@ -17,35 +17,14 @@
 #include <thread>
 #include <vector>
 
+#include "support.hpp"
+
 namespace kgate {
 namespace {
 
 // ---- helpers ---------------------------------------------------------------------------
 
-// Whether `s` matches `pattern` character by character: 'x' is a lowercase hex digit, 'd' a
-// decimal digit, 'V' an RFC 4122 variant digit [89ab]; anything else must match literally.
-// (Hand-rolled instead of std::regex, which trips GCC 12 warnings under the sanitizers.)
-bool matches_pattern(std::string_view s, std::string_view pattern) {
-  if (s.size() != pattern.size()) return false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    const bool digit = c >= '0' && c <= '9';
-    switch (pattern[i]) {
-      case 'x':
-        if (!digit && !(c >= 'a' && c <= 'f')) return false;
-        break;
-      case 'd':
-        if (!digit) return false;
-        break;
-      case 'V':
-        if (c != '8' && c != '9' && c != 'a' && c != 'b') return false;
-        break;
-      default:
-        if (c != pattern[i]) return false;
-    }
-  }
-  return true;
-}
+using kgate::test::matches_pattern;
 
 std::string base64_decode(std::string_view in) {
   auto value = [](char c) -> int {

@@ -3,21 +3,19 @@
 #include "ws_codec.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "support.hpp"
 
 namespace kgate::gw {
 namespace {
@@ -26,54 +24,15 @@ namespace fs = std::filesystem;
 
 // ---- helpers ---------------------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kgate-wscodec-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void write_file(const fs::path& p, std::string_view data) {
-  std::ofstream out(p, std::ios::binary);
-  out.write(data.data(), std::streamsize(data.size()));
-  if (!out) throw std::runtime_error("cannot write " + p.string());
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using kgate::test::read_file;
+using kgate::test::TempDir;
+using kgate::test::write_file;
 
 // Runs a Python script with arguments; returns its stdout, fails the test on a non-zero exit.
 std::string run_python(const TempDir& dir, const std::string& script, const std::vector<std::string>& args) {
-  const fs::path file = dir.path() / "script.py";
-  write_file(file, script);
-  std::string cmd = std::string(KGATE_TEST_PYTHON) + " '" + file.string() + "'";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed");
-  std::string out;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int status = ::pclose(pipe);
-  EXPECT_EQ(status, 0) << "python failed:\n" << out;
-  return out;
+  const test::CommandResult r = test::run_python_script(dir.path(), script, args, /*merge_stderr=*/true);
+  EXPECT_EQ(r.status, 0) << "python failed:\n" << r.output;
+  return r.output;
 }
 
 std::string hex(std::string_view s) {
@@ -360,7 +319,7 @@ print(json.dumps({'legacy': msg, 'legacy_buffers': bufs,
 )PY";
 
 TEST(JupyterInterop, JupyterDecodesOurFrames) {
-  TempDir dir;
+  TempDir dir{"kgate-wscodec"};
   const std::vector<std::string> bufs = {std::string(), all_bytes(), std::string("tail")};
   const KernelMessage m = make_kernel_message(Channel::iopub, bufs);
   const WsFrame legacy = encode_legacy(m);
@@ -414,7 +373,7 @@ for i, p in enumerate(parts[:4]):
 )PY";
 
 TEST(JupyterInterop, WeDecodeJupyterFrames) {
-  TempDir dir;
+  TempDir dir{"kgate-wscodec"};
   run_python(dir, kPyEncode, {dir.path().string()});
   const json header = {{"msg_id", "py-id-1"}, {"msg_type", "comm_msg"}, {"session", "py-sess"},
                        {"username", "u"}, {"version", "5.3"}};
