@@ -168,33 +168,34 @@ void WsSession::on_write(beast::error_code ec, std::size_t) {
   do_write();
 }
 
-// Everything not yet written, oldest first: the queue (its front too when a write failed or
-// is in flight on a connection being dropped), then the spill.
-static Unsent take_unsent(std::deque<OutPtr>& queue, std::deque<OutPtr>& spill,
-                          std::size_t& dropped, std::size_t& dropped_bytes) {
+// Everything not yet written, oldest first: the queue (its front too when a write failed),
+// then the spill; the counters start again from zero.
+Unsent WsSession::take_unsent() {
   Unsent u;
-  u.msgs = std::move(queue);
-  queue.clear();
-  for (auto& m : spill) u.msgs.push_back(std::move(m));
-  spill.clear();
-  u.dropped = dropped;
-  u.dropped_bytes = dropped_bytes;
-  dropped = dropped_bytes = 0;
+  u.msgs = std::move(queue_);
+  queue_.clear();
+  for (auto& m : spill_) u.msgs.push_back(std::move(m));
+  spill_.clear();
+  queued_bytes_ = spill_bytes_ = 0;
+  u.dropped = spill_dropped_;
+  u.dropped_bytes = spill_dropped_bytes_;
+  spill_dropped_ = spill_dropped_bytes_ = 0;
   return u;
 }
 
 Unsent WsSession::replace() {
-  // A write in flight may or may not reach the old client; it is counted as delivered.
+  // A write in flight may or may not reach the old client; it is counted as delivered and
+  // stays in the old queue until its write completes.
+  OutPtr in_flight;
   if (writing_ && !queue_.empty()) {
-    auto front = std::move(queue_.front());
+    in_flight = std::move(queue_.front());
     queue_.pop_front();
-    auto u = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
-    queue_.push_back(std::move(front));
-    attached_ = false;
-    close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
-    return u;
   }
-  auto u = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
+  Unsent u = take_unsent();
+  if (in_flight) {
+    queued_bytes_ = in_flight->bytes();
+    queue_.push_back(std::move(in_flight));
+  }
   attached_ = false;  // the new connection owns the route now
   close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
   return u;
@@ -223,7 +224,7 @@ void WsSession::finish() {
   Unsent unsent;
   if (attached_) {
     attached_ = false;
-    unsent = take_unsent(queue_, spill_, spill_dropped_, spill_dropped_bytes_);
+    unsent = take_unsent();
   }
   if (counted_) server_.hub().detach(kernel_, this, route_, std::move(unsent));
   beast::error_code ec;

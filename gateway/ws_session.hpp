@@ -52,6 +52,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   WsProtocol proto_ = WsProtocol::legacy;
   beast::flat_buffer rbuf_;
   void refill();
+  Unsent take_unsent();
   bool fits(const OutPtr& m) const;
 
   std::deque<OutPtr> queue_;  // front is being written while writing_
