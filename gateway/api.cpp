@@ -76,8 +76,7 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 
 // host[:port] -> host, lowercased, brackets kept for IPv6.
 std::string host_only(std::string_view hostport) {
-  std::string h(hostport);
-  for (auto& c : h) c = char(std::tolower(static_cast<unsigned char>(c)));
+  std::string h = lowercase(hostport);
   if (!h.empty() && h[0] == '[') {
     auto e = h.find(']');
     return e == std::string::npos ? h : h.substr(0, e + 1);
@@ -96,16 +95,9 @@ bool is_loopback_name(const std::string& host) {
 }
 
 bool host_allowed(const std::vector<std::string>& allowed, const std::string& host) {
-  for (const auto& h : allowed) {
-    std::string lower = h;
-    for (auto& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
-    if (lower == host) return true;
-  }
+  for (const auto& h : allowed)
+    if (lowercase(h) == host) return true;
   return false;
-}
-
-bool is_loopback_bind(const std::string& ip) {
-  return ip == "localhost" || ip == "::1" || starts_with(ip, "127.");
 }
 
 struct CwdResult {
@@ -160,10 +152,8 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     if (!it->get_ref<const std::string&>().empty()) name = it->get<std::string>();
   }
-  std::string lname = name;
-  for (auto& c : lname) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (lname == "python" && !scan.specs.count("python") && scan.specs.count("python3")) lname = "python3";
-  if (!scan.specs.count(lname)) {
+  auto spec = Server::find_kernelspec(scan, name);
+  if (!spec) {
     respond(json_error(req, http::status::not_found, "No such kernel named " + name));
     return;
   }
@@ -191,7 +181,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     return;
   }
   StartRequest sr;
-  sr.spec_name = lname;
+  sr.spec = std::move(*spec);
   sr.env = std::move(env);
   sr.cwd = cwd.cwd;
   auto keep_alive = req.keep_alive();
@@ -283,6 +273,16 @@ Response method_not_allowed(const Request& req, const char* allow) {
 
 }  // namespace
 
+std::string lowercase(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool is_loopback_address(const std::string& ip) {
+  return ip == "localhost" || ip == "::1" || starts_with(ip, "127.");
+}
+
 Response json_response(const Request& req, http::status status, const std::string& body) {
   Response res{status, req.version()};
   res.set(http::field::server, "kgate/" KGATE_VERSION);
@@ -328,7 +328,7 @@ std::optional<Response> check_request(const Server& server, const Request& req) 
   const auto& opts = server.options();
   std::string host = host_only(req[http::field::host]);
   // DNS rebinding: a loopback server answers only to loopback names (or configured ones).
-  if (is_loopback_bind(opts.ip) && !host.empty() && !is_loopback_name(host) &&
+  if (is_loopback_address(opts.ip) && !host.empty() && !is_loopback_name(host) &&
       !host_allowed(opts.allow_hosts, host)) {
     spdlog::warn("refused {} {}: Host {} is not a loopback name", std::string(req.method_string()),
                  std::string(req.target().substr(0, req.target().find('?'))), host);
@@ -343,10 +343,8 @@ std::optional<Response> check_request(const Server& server, const Request& req) 
                    std::find(opts.allow_origins.begin(), opts.allow_origins.end(), origin) != opts.allow_origins.end();
     if (!allowed) {
       auto scheme_end = origin.find("://");
-      std::string o_host = scheme_end == std::string::npos ? "" : origin.substr(scheme_end + 3);
-      std::string req_host(req[http::field::host]);
-      for (auto& c : o_host) c = char(std::tolower(static_cast<unsigned char>(c)));
-      for (auto& c : req_host) c = char(std::tolower(static_cast<unsigned char>(c)));
+      std::string o_host = scheme_end == std::string::npos ? "" : lowercase(origin.substr(scheme_end + 3));
+      std::string req_host = lowercase(req[http::field::host]);
       allowed = !o_host.empty() && o_host == req_host;
     }
     if (!allowed) {
@@ -362,7 +360,6 @@ std::optional<Response> check_request(const Server& server, const Request& req) 
     if (starts_with(auth, "token ")) given = auth.substr(6);
     else if (starts_with(auth, "Bearer ")) given = auth.substr(7);
     if (given.empty()) {
-      std::string path, query;
       auto target = req.target();
       auto q = target.find('?');
       if (q != std::string_view::npos) given = query_param(target.substr(q + 1), "token");
@@ -448,17 +445,15 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
         json j = {{"default", server.default_kernelspec(scan)}, {"kernelspecs", specs}};
         return respond(json_response(req, http::status::ok, j.dump()));
       }
-      std::string name = parts[2];
-      for (auto& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
-      auto it = scan.specs.find(name);
-      if (it == scan.specs.end())
+      auto spec = Server::find_kernelspec(scan, parts[2]);
+      if (!spec)
         return respond(json_error(req, http::status::not_found, "Kernel spec " + parts[2] + " not found"));
-      return respond(json_response(req, http::status::ok, kernelspec_json(server, it->second).dump()));
+      return respond(json_response(req, http::status::ok, kernelspec_json(server, *spec).dump()));
     }
   }
   if (n == 3 && parts[0] == "kernelspecs") {
     if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
-    auto spec = server.find_kernelspec(parts[1]);
+    auto spec = Server::find_kernelspec(server.kernelspecs(), parts[1]);
     std::string file = parts[2];
     auto res_files = spec ? spec->resources() : std::map<std::string, std::string>{};
     bool listed = false;

@@ -30,6 +30,11 @@ std::optional<Response> check_request(const Server& server, const Request& req);
 // later (POST /api/kernels waits for the kernel to be ready).
 void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond);
 
+// ASCII lowercase (host names, kernelspec names).
+std::string lowercase(std::string_view s);
+// Whether a bind address is loopback ("localhost", "::1", 127.0.0.0/8).
+bool is_loopback_address(const std::string& ip);
+
 // Splits a target into its path (percent-decoded) and query; false if undecodable.
 bool split_target(std::string_view target, std::string& path, std::string& query);
 // The value of `key` in a query string ("" if absent).

@@ -136,19 +136,11 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
 
 OutPtr Hub::drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_t bytes,
                         const std::string& why) {
-  auto m = std::make_shared<KernelMessage>();
-  m->channel = Channel::iopub;
-  m->synthesized = true;
-  m->msg_type = "stream";
-  json header = make_header("stream", "kgate");
-  m->msg_id = header["msg_id"].get<std::string>();
-  m->wire.header = header.dump();
-  m->wire.parent_header = "{}";
-  m->wire.metadata = "{}";
   std::string text = "[kgate] " + std::to_string(dropped) + " message(s) (" + std::to_string(bytes) +
                      " bytes) for this session were dropped: " + why +
                      ". Current kernel state: " + kernel->execution_state() + ".\n";
-  m->wire.content = json{{"name", "stderr"}, {"text", text}}.dump();
+  auto m = std::make_shared<KernelMessage>(synthesize_message(
+      Channel::iopub, "stream", "kgate", "{}", json{{"name", "stderr"}, {"text", text}}));
   spdlog::warn("kernel {}: {}", kernel->id(), text.substr(0, text.size() - 1));
   return std::make_shared<OutMsg>(std::move(m), ++seq_);
 }

@@ -6,17 +6,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "api.hpp"
 #include "config.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
-
-namespace {
-
-bool loopback(const std::string& ip) {
-  return ip == "localhost" || ip == "::1" || ip.rfind("127.", 0) == 0;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using kgate::gw::GatewayOptions;
@@ -60,7 +53,7 @@ int main(int argc, char** argv) {
   if (port >= 0) opts.port = port;
   if (!token.empty()) opts.token = token;
   if (!runtime_dir.empty()) opts.runtime_dir = runtime_dir;
-  if (!loopback(opts.ip) && opts.token.empty()) {
+  if (!kgate::gw::is_loopback_address(opts.ip) && opts.token.empty()) {
     std::cerr << "kgate: refusing to listen on " << opts.ip
               << " without a token: anyone who can reach it could run code as you. Set --token, "
                  "$KGATE_TOKEN or token_file in kgate.toml, or bind 127.0.0.1.\n";

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "api.hpp"
 #include "http_session.hpp"
 
 namespace kgate::gw {
@@ -19,9 +20,7 @@ Server::Server(GatewayOptions opts)
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
   ensure_private_dir(opts_.runtime_dir);
-  manager_ = std::make_unique<KernelManager>(
-      opts_.kernel, opts_.runtime_dir,
-      [this](const std::string& name) { return find_kernelspec(name); }, &hub_);
+  manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir, &hub_);
 }
 
 Server::~Server() {
@@ -86,10 +85,8 @@ KernelSpecScan Server::kernelspecs() const {
   return scan;
 }
 
-std::optional<KernelSpec> Server::find_kernelspec(const std::string& name) const {
-  auto scan = scan_kernelspecs(kernelspec_dirs());
-  std::string lname = name;
-  for (auto& c : lname) c = char(std::tolower(static_cast<unsigned char>(c)));
+std::optional<KernelSpec> Server::find_kernelspec(const KernelSpecScan& scan, const std::string& name) {
+  std::string lname = lowercase(name);
   if (auto it = scan.specs.find(lname); it != scan.specs.end()) return it->second;
   if (lname == "python")
     if (auto it = scan.specs.find("python3"); it != scan.specs.end()) return it->second;

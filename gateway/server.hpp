@@ -36,7 +36,8 @@ class Server {
 
   // Kernelspecs, scanned from the Jupyter data directories on each call.
   KernelSpecScan kernelspecs() const;
-  std::optional<KernelSpec> find_kernelspec(const std::string& name) const;
+  // `name` in `scan`: case-insensitive, and "python" means "python3" when only that exists.
+  static std::optional<KernelSpec> find_kernelspec(const KernelSpecScan& scan, const std::string& name);
   // The default kernelspec name: opts.default_kernel if it exists, else the first one.
   std::string default_kernelspec(const KernelSpecScan& scan) const;
 

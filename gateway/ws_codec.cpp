@@ -50,6 +50,19 @@ std::string legacy_json(const KernelMessage& m, bool with_buffers_key) {
   return out;
 }
 
+// header.msg_id and header.msg_type, both required non-empty strings.
+std::string read_ids(const json& header, ClientMessage& out) {
+  auto id = header.find("msg_id");
+  auto type = header.find("msg_type");
+  if (id == header.end() || !id->is_string() || id->get_ref<const std::string&>().empty())
+    return "header.msg_id must be a non-empty string";
+  if (type == header.end() || !type->is_string() || type->get_ref<const std::string&>().empty())
+    return "header.msg_type must be a non-empty string";
+  out.msg_id = id->get<std::string>();
+  out.msg_type = type->get<std::string>();
+  return {};
+}
+
 // Fills out's parts from a parsed legacy message object.
 std::string from_object(json& msg, ClientMessage& out) {
   if (!msg.is_object()) return "a message must be a JSON object";
@@ -63,14 +76,7 @@ std::string from_object(json& msg, ClientMessage& out) {
   out.channel = *ch;
   auto header = msg.find("header");
   if (header == msg.end() || !header->is_object()) return "\"header\" must be an object";
-  auto id = header->find("msg_id");
-  auto type = header->find("msg_type");
-  if (id == header->end() || !id->is_string() || id->get_ref<const std::string&>().empty())
-    return "header.msg_id must be a non-empty string";
-  if (type == header->end() || !type->is_string() || type->get_ref<const std::string&>().empty())
-    return "header.msg_type must be a non-empty string";
-  out.msg_id = id->get<std::string>();
-  out.msg_type = type->get<std::string>();
+  if (auto e = read_ids(*header, out); !e.empty()) return e;
   auto part = [&](const char* key, std::string& dst) -> std::string {
     auto it = msg.find(key);
     if (it == msg.end() || it->is_null()) {
@@ -129,14 +135,7 @@ std::string decode_v1(std::string_view data, ClientMessage& out) {
     if (!json_depth_within(seg(i))) return "the message nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
   json header = json::parse(seg(1), nullptr, false);
   if (!header.is_object()) return "v1 frame: header is not a JSON object";
-  auto id = header.find("msg_id");
-  auto type = header.find("msg_type");
-  if (id == header.end() || !id->is_string() || id->get_ref<const std::string&>().empty())
-    return "header.msg_id must be a non-empty string";
-  if (type == header.end() || !type->is_string() || type->get_ref<const std::string&>().empty())
-    return "header.msg_type must be a non-empty string";
-  out.msg_id = id->get<std::string>();
-  out.msg_type = type->get<std::string>();
+  if (auto e = read_ids(header, out); !e.empty()) return e;
   out.wire.header = std::string(seg(1));
   const char* names[] = {"parent_header", "metadata", "content"};
   std::string* dst[] = {&out.wire.parent_header, &out.wire.metadata, &out.wire.content};

@@ -50,6 +50,35 @@ std::optional<Channel> parse_channel(std::string_view name) noexcept {
   return std::nullopt;
 }
 
+KernelMessage synthesize_message(Channel channel, std::string_view msg_type,
+                                 std::string_view session, std::string parent_header,
+                                 const json& content) {
+  KernelMessage m;
+  m.channel = channel;
+  m.synthesized = true;
+  m.msg_type = std::string(msg_type);
+  json header = make_header(msg_type, session);
+  m.msg_id = header["msg_id"].get<std::string>();
+  json parent = json::parse(parent_header, nullptr, false);
+  if (parent.is_object()) m.parent_msg_id = parent.value("msg_id", "");
+  m.wire.header = header.dump();
+  m.wire.parent_header = std::move(parent_header);
+  m.wire.metadata = "{}";
+  m.wire.content = content.dump();
+  return m;
+}
+
+// Sends one encoded message without blocking.  False when the socket's pipe is full (only the
+// first frame can fail that way: a full pipe accepts no new message).
+static bool send_frames(zmq::socket_t& s, const std::vector<std::string>& frames) {
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    auto flags = zmq::send_flags::dontwait;
+    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
+    if (!s.send(zmq::buffer(frames[i]), flags)) return false;
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------
 // Kernel (the shared model)
 
@@ -187,6 +216,11 @@ struct KernelIo {
   std::unordered_set<std::string> internal;  // msg_ids of kgate's own requests
   std::deque<std::string> recent_control;    // control msg_ids whose statuses are ignored
 
+  void remember_control(const std::string& msg_id) {
+    recent_control.push_back(msg_id);
+    if (recent_control.size() > 64) recent_control.pop_front();
+  }
+
   // Heartbeat.
   bool hb_waiting = false;
   int hb_misses = 0;
@@ -199,13 +233,11 @@ struct KernelIo {
 // ---------------------------------------------------------------------------------------
 
 struct KernelManager::Impl {
-  Impl(KernelOptions o, std::filesystem::path rd,
-       std::function<std::optional<KernelSpec>(const std::string&)> fs, KernelObserver* ob)
-      : opts(o), runtime_dir(std::move(rd)), find_spec(std::move(fs)), observer(ob) {}
+  Impl(KernelOptions o, std::filesystem::path rd, KernelObserver* ob)
+      : opts(o), runtime_dir(std::move(rd)), observer(ob) {}
 
   KernelOptions opts;
   std::filesystem::path runtime_dir;
-  std::function<std::optional<KernelSpec>(const std::string&)> find_spec;
   KernelObserver* observer;
 
   zmq::context_t ctx{1};
@@ -420,21 +452,11 @@ void KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::stri
   w.content = content.dump();
   std::string id = header["msg_id"].get<std::string>();
   k.internal.insert(id);
-  if (ch == Channel::control) {
-    k.recent_control.push_back(id);
-    if (k.recent_control.size() > 64) k.recent_control.pop_front();
-  }
+  if (ch == Channel::control) k.remember_control(id);
   if (msg_type == "kernel_info_request") k.ready_msg_id = id;
-  auto frames = encode(w, *k.signer);
   zmq::socket_t& s = ch == Channel::control ? *k.control : *k.shell;
-  for (std::size_t i = 0; i < frames.size(); ++i) {
-    auto flags = zmq::send_flags::dontwait;
-    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
-    if (!s.send(zmq::buffer(frames[i]), flags)) {
-      spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
-      return;
-    }
-  }
+  if (!send_frames(s, encode(w, *k.signer)))
+    spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
 }
 
 void KernelManager::Impl::send_kernel_info(KernelIo& k) {
@@ -539,23 +561,14 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     refuse(k, m, "KernelNotRunning", "kgate: the kernel is not running");
     return;
   }
-  auto frames = encode(m.wire, *k.signer);
-  for (std::size_t i = 0; i < frames.size(); ++i) {
-    auto flags = zmq::send_flags::dontwait;
-    if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
-    if (!s->send(zmq::buffer(frames[i]), flags)) {
-      // Only the first frame can fail this way (a full pipe accepts no new message).
-      refuse(k, m, "KernelBusy", "kgate: the kernel's " + std::string(channel_name(m.channel)) +
-                                     " queue is full; try again");
-      return;
-    }
+  if (!send_frames(*s, encode(m.wire, *k.signer))) {
+    refuse(k, m, "KernelBusy", "kgate: the kernel's " + std::string(channel_name(m.channel)) +
+                                   " queue is full; try again");
+    return;
   }
   if (expects_reply(m)) {
     k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
-    if (m.channel == Channel::control) {
-      k.recent_control.push_back(m.msg_id);
-      if (k.recent_control.size() > 64) k.recent_control.pop_front();
-    }
+    if (m.channel == Channel::control) k.remember_control(m.msg_id);
   }
 }
 
@@ -565,20 +578,11 @@ void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std:
     spdlog::warn("kernel {}: dropped {} from {}: {}", k.kernel->id(), m.msg_type, m.route, evalue);
     return;
   }
-  KernelMessage r;
-  r.channel = m.channel;
-  r.synthesized = true;
+  KernelMessage r = synthesize_message(
+      m.channel, reply_type(m.msg_type), k.session, m.wire.header,
+      json{{"status", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", json::array()}});
   r.route = m.route;
-  r.msg_type = reply_type(m.msg_type);
-  json header = make_header(r.msg_type, k.session);
-  r.msg_id = header["msg_id"].get<std::string>();
   r.parent_msg_id = m.msg_id;
-  r.wire.header = header.dump();
-  r.wire.parent_header = m.wire.header;
-  r.wire.metadata = "{}";
-  r.wire.content =
-      json{{"status", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", json::array()}}
-          .dump();
   deliver(k, std::move(r));
 }
 
@@ -599,17 +603,8 @@ void KernelManager::Impl::fail_pending(KernelIo& k, const std::string& ename,
 }
 
 void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state) {
-  KernelMessage m;
-  m.channel = Channel::iopub;
-  m.synthesized = true;
-  m.msg_type = "status";
-  json header = make_header("status", k.session);
-  m.msg_id = header["msg_id"].get<std::string>();
-  m.wire.header = header.dump();
-  m.wire.parent_header = "{}";
-  m.wire.metadata = "{}";
-  m.wire.content = json{{"execution_state", state}}.dump();
-  deliver(k, std::move(m));
+  deliver(k, synthesize_message(Channel::iopub, "status", k.session, "{}",
+                                json{{"execution_state", state}}));
 }
 
 void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
@@ -949,9 +944,8 @@ void KernelManager::Impl::poll_once() {
 // Public API
 
 KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
-                             std::function<std::optional<KernelSpec>(const std::string&)> find_spec,
                              KernelObserver* observer)
-    : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), std::move(find_spec), observer)) {
+    : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), observer)) {
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   impl_->thread = std::thread([this] {
@@ -969,12 +963,7 @@ KernelManager::~KernelManager() {
 }
 
 void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
-  auto spec = impl_->find_spec(req.spec_name);
-  if (!spec) {
-    done(StartResult{nullptr, "No such kernel named " + req.spec_name});
-    return;
-  }
-  auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(*spec));
+  auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(req.spec));
   impl_->post([this, kernel, req = std::move(req), done = std::move(done)]() mutable {
     Impl& m = *impl_;
     if (m.stopping) {

@@ -38,6 +38,12 @@ struct KernelMessage {
 };
 using KernelMessagePtr = std::shared_ptr<const KernelMessage>;
 
+// A message made by kgate itself (a status, an error reply, a notice): a fresh header from
+// `session`, the given parent header text ("{}" for none), empty metadata.
+KernelMessage synthesize_message(Channel channel, std::string_view msg_type,
+                                 std::string_view session, std::string parent_header,
+                                 const json& content);
+
 // A message a client sends to a kernel.  The gateway fills it from a websocket frame.
 struct ClientMessage {
   Channel channel = Channel::shell;
@@ -123,7 +129,7 @@ struct KernelOptions {
 
 // What POST /api/kernels asks for, after the gateway applied its policies.
 struct StartRequest {
-  std::string spec_name;                      // resolved, existing kernelspec name
+  KernelSpec spec;                            // the kernelspec to launch, already looked up
   std::map<std::string, std::string> env;     // applied over kgate's env and the spec's env
   std::filesystem::path cwd;                  // empty = kgate's cwd
 };
@@ -137,9 +143,7 @@ struct StartResult {
 // on the I/O thread.
 class KernelManager {
  public:
-  KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
-                std::function<std::optional<KernelSpec>(const std::string&)> find_spec,
-                KernelObserver* observer);
+  KernelManager(KernelOptions opts, std::filesystem::path runtime_dir, KernelObserver* observer);
   ~KernelManager();  // stops every kernel (bounded), then the thread
   KernelManager(const KernelManager&) = delete;
   KernelManager& operator=(const KernelManager&) = delete;
