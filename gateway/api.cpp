@@ -8,6 +8,7 @@
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
+#include "jobs_api.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
 
@@ -17,7 +18,9 @@ namespace {
 
 std::string reason_phrase(http::status s) { return std::string(http::obsolete_reason(s)); }
 
-json model_json(const KernelModel& m) {
+}  // namespace
+
+json kernel_model_json(const KernelModel& m) {
   json j = {{"id", m.id},
             {"name", m.name},
             {"last_activity", m.last_activity},
@@ -26,6 +29,10 @@ json model_json(const KernelModel& m) {
   if (!m.reason.empty()) j["reason"] = m.reason;
   return j;
 }
+
+namespace {
+
+json model_json(const KernelModel& m) { return kernel_model_json(m); }
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
@@ -204,8 +211,10 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   });
 }
 
-void api_kernel_action(Server& server, const Request& req, const std::string& id,
-                       const std::string& action, Respond respond) {
+}  // namespace
+
+void kernel_action(Server& server, const Request& req, const std::string& id, const std::string& action,
+                   Respond respond, bool gated) {
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   auto reply = [&server, respond, keep_alive, version](http::status st, std::string body) {
@@ -235,6 +244,7 @@ void api_kernel_action(Server& server, const Request& req, const std::string& id
       reply(ok ? http::status::no_content : http::status::not_found, ok ? "" : missing);
     });
   } else {
+    if (!gated && server.manager().get(id)) server.jobs().restart_gate(id, nullptr);
     server.manager().restart(id, [reply, missing](StartResult r) {
       if (r.kernel)
         reply(http::status::ok, model_json(r.kernel->model()).dump());
@@ -245,6 +255,8 @@ void api_kernel_action(Server& server, const Request& req, const std::string& id
     });
   }
 }
+
+namespace {
 
 json kernelspec_json(const Server& server, const KernelSpec& spec) {
   json resources = json::object();
@@ -399,8 +411,15 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
   if (n >= 1 && parts[0] == "api") {
     if (n == 1) {
       if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      return respond(json_response(req, http::status::ok, json{{"version", KGATE_VERSION}, {"server", "kgate"}}.dump()));
+      json ext = {{"version", 1},
+                  {"base", server.options().base_url + "api/kgate/"},
+                  {"records", server.jobs().limits().enabled},
+                  {"features", {"jobs", "agent", "claims", "stop", "digest", "notebook", "observe", "attach"}}};
+      return respond(json_response(
+          req, http::status::ok,
+          json{{"version", KGATE_VERSION}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
     }
+    if (parts[1] == "kgate") return handle_kgate(server, req, ctx, parts, query, std::move(respond));
     if (n == 2 && parts[1] == "status") {
       if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
       json j = {{"started", server.started()},
@@ -426,12 +445,12 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
           if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
           return respond(json_response(req, http::status::ok, model_json(k->model()).dump()));
         }
-        if (m == http::verb::delete_) return api_kernel_action(server, req, id, "delete", respond);
+        if (m == http::verb::delete_) return kernel_action(server, req, id, "delete", respond);
         return respond(method_not_allowed(req, "GET, DELETE"));
       }
       if (n == 4 && (parts[3] == "interrupt" || parts[3] == "restart")) {
         if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-        return api_kernel_action(server, req, id, parts[3], respond);
+        return kernel_action(server, req, id, parts[3], respond);
       }
       if (n == 4 && parts[3] == "channels")
         return respond(json_error(req, http::status::bad_request, "This endpoint takes a websocket upgrade"));
@@ -450,6 +469,16 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
         return respond(json_error(req, http::status::not_found, "Kernel spec " + parts[2] + " not found"));
       return respond(json_response(req, http::status::ok, kernelspec_json(server, *spec).dump()));
     }
+  }
+  if (n == 0 || (n == 1 && parts[0] == "observe")) {
+    if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
+    if (n == 1) return respond(observe_page(req));
+    Response res{http::status::found, req.version()};
+    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    res.set(http::field::location, server.options().base_url + "observe" + (query.empty() ? "" : "?" + query));
+    res.keep_alive(req.keep_alive());
+    res.prepare_payload();
+    return respond(std::move(res));
   }
   if (n == 3 && parts[0] == "kernelspecs") {
     if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));

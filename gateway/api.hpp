@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "kgate/kernel.hpp"
 #include "net.hpp"
 
 namespace kgate::gw {
@@ -29,6 +30,13 @@ std::optional<Response> check_request(const Server& server, const Request& req);
 // Handles one (already checked, non-upgrade) request; calls `respond` exactly once, maybe
 // later (POST /api/kernels waits for the kernel to be ready).
 void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond);
+
+// The kernel model in jupyter_server's shape.
+json kernel_model_json(const KernelModel& m);
+// DELETE / interrupt / restart of a kernel; replies like jupyter_server.  `gated`: the caller
+// already checked the claim (the kgate restart); else a restart clears it (a person's).
+void kernel_action(Server& server, const Request& req, const std::string& id, const std::string& action,
+                   Respond respond, bool gated = false);
 
 // ASCII lowercase (host names, kernelspec names).
 std::string lowercase(std::string_view s);

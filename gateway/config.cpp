@@ -38,6 +38,10 @@ struct Reader {
     if (*v < lo || *v > hi) fail(key, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
     return *v;
   }
+  bool boolean(const toml::node& n, const std::string& key) const {
+    if (auto v = n.is_boolean() ? n.value<bool>() : std::nullopt) return *v;
+    fail(key, "must be true or false");
+  }
   std::vector<std::string> strings(const toml::node& n, const std::string& key) const {
     auto arr = n.as_array();
     if (!arr) fail(key, "must be an array of strings");
@@ -64,9 +68,9 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   for (auto& [section_key, section_node] : tbl) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
-    if (!sec) r.fail(section, "must be a table ([server], [limits] or [kernel])");
-    if (section != "server" && section != "limits" && section != "kernel")
-      r.fail(section, "unknown section (expected [server], [limits] or [kernel])");
+    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel] or [records])");
+    if (section != "server" && section != "limits" && section != "kernel" && section != "records")
+      r.fail(section, "unknown section (expected [server], [limits], [kernel] or [records])");
     for (auto& [k, node] : *sec) {
       std::string key(k.str());
       std::string full = section + "." + key;
@@ -122,8 +126,20 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "heartbeat_misses") opts.kernel.heartbeat_misses = int(r.integer(node, full, 1, 1000));
         else if (key == "launch_attempts") opts.kernel.launch_attempts = int(r.integer(node, full, 1, 100));
         else r.fail(full, "unknown key");
+      } else if (section == "records") {
+        auto& rl = opts.records;
+        if (key == "enabled") rl.enabled = r.boolean(node, full);
+        else if (key == "max_jobs") rl.max_jobs = std::size_t(r.integer(node, full, 1, big));
+        else if (key == "job_output_bytes") rl.job_output_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "job_code_bytes") rl.job_code_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "budget_bytes") rl.budget_bytes = std::size_t(r.integer(node, full, 1 << 16, big));
+        else if (key == "max_unseen_jobs") rl.max_unseen_jobs = std::size_t(r.integer(node, full, 1, big));
+        else if (key == "claim_grace_seconds") rl.claim_grace = std::chrono::seconds(r.integer(node, full, 0, 86400));
+        else if (key == "reply_grace_ms") rl.reply_grace = std::chrono::milliseconds(r.integer(node, full, 0, 600000));
+        else if (key == "max_waiters") opts.max_waiters = std::size_t(r.integer(node, full, 1, 1 << 20));
+        else r.fail(full, "unknown key");
       } else {
-        r.fail(section, "unknown section (expected [server], [limits] or [kernel])");
+        r.fail(section, "unknown section (expected [server], [limits], [kernel] or [records])");
       }
     }
   }

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "agent_session.hpp"
 #include "server.hpp"
 #include "ws_session.hpp"
 
@@ -74,6 +75,16 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
       std::string session = query_param(query, "session_id");
       stream_.expires_never();
       std::make_shared<WsSession>(stream_.release_socket(), server_, kernel, session)->run(std::move(req));
+      return;
+    }
+    if (rel == "api/kgate/agent") {
+      std::string agent = query_param(query, "agent");
+      std::string label = query_param(query, "label");
+      if (agent.empty() || agent.size() > 256 || label.size() > 256)
+        return write(json_error(req, http::status::bad_request,
+                                "agent=ID is required (at most 256 bytes; label too)"));
+      stream_.expires_never();
+      std::make_shared<AgentSession>(stream_.release_socket(), server_, AgentRef{agent, label})->run(std::move(req));
       return;
     }
     return write(json_error(req, http::status::not_found, "No websocket endpoint at " + path));

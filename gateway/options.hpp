@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kgate/jobs.hpp"
 #include "kgate/kernel.hpp"
 
 namespace kgate::gw {
@@ -45,7 +46,10 @@ struct GatewayOptions {
   std::chrono::seconds sessionless_window{30};      // replay window for sessionless clients
   std::size_t max_detached_sessions = 256;          // per kernel; the oldest goes first
 
+  std::size_t max_waiters = 1000;                   // HTTP requests waiting on jobs (503 past it)
+
   KernelOptions kernel;
+  RecordLimits records;
 };
 
 }  // namespace kgate::gw

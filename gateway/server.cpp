@@ -13,6 +13,9 @@ namespace kgate::gw {
 Server::Server(GatewayOptions opts)
     : opts_(std::move(opts)),
       hub_(ioc_, opts_),
+      jobs_(opts_.records),
+      waiters_(ioc_, opts_.max_waiters),
+      sweep_timer_(ioc_),
       acceptor_(ioc_),
       signals_(ioc_, SIGINT, SIGTERM) {
   if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
@@ -20,7 +23,17 @@ Server::Server(GatewayOptions opts)
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
   ensure_private_dir(opts_.runtime_dir);
-  manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir, &hub_);
+  // Records first: a client that sees a cell's idle finds the record already ended.
+  manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
+                                             std::vector<KernelObserver*>{&jobs_, &hub_});
+  // A change in the records (on any thread) re-checks the waiting requests, once per burst.
+  jobs_.set_on_change([this] {
+    if (!poke_pending_.exchange(true))
+      net::post(ioc_, [this] {
+        poke_pending_ = false;
+        waiters_.poke();
+      });
+  });
 }
 
 Server::~Server() {
@@ -46,6 +59,7 @@ tcp::endpoint Server::listen() {
 void Server::run() {
   signals_.async_wait(beast::bind_front_handler(&Server::on_signal, this));
   do_accept();
+  sweep_jobs();
   ioc_.run();
 }
 
@@ -59,12 +73,22 @@ void Server::on_signal(beast::error_code ec, int sig) {
   spdlog::info("{}: shutting down {} kernel(s)", sig ? strsignal(sig) : "stop", manager_->count());
   beast::error_code ignored;
   acceptor_.close(ignored);
+  sweep_timer_.cancel();
   manager_->shutdown_all();
+  waiters_.cancel_all();
   hub_.close_all("kgate is shutting down");
   signals_.cancel();
   // Let the closes go out, then stop.
   auto timer = std::make_shared<net::steady_timer>(ioc_, std::chrono::milliseconds(200));
   timer->async_wait([this, timer](beast::error_code) { ioc_.stop(); });
+}
+
+void Server::sweep_jobs() {
+  jobs_.sweep();
+  sweep_timer_.expires_after(std::chrono::seconds(1));
+  sweep_timer_.async_wait([this](beast::error_code ec) {
+    if (!ec && !stopping_) sweep_jobs();
+  });
 }
 
 void Server::do_accept() {

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "hub.hpp"
+#include "jobs_api.hpp"
+#include "kgate/jobs.hpp"
 #include "net.hpp"
 #include "options.hpp"
 
@@ -32,6 +34,8 @@ class Server {
   net::io_context& ioc() { return ioc_; }
   Hub& hub() { return hub_; }
   KernelManager& manager() { return *manager_; }
+  JobStore& jobs() { return jobs_; }
+  Waiters& waiters() { return waiters_; }
   tcp::endpoint endpoint() const { return endpoint_; }
 
   // Kernelspecs, scanned from the Jupyter data directories on each call.
@@ -48,10 +52,15 @@ class Server {
  private:
   void do_accept();
   void on_signal(beast::error_code ec, int sig);
+  void sweep_jobs();
 
   GatewayOptions opts_;
   net::io_context ioc_{1};
   Hub hub_;  // after ioc_, before manager_: the manager's thread posts into both
+  JobStore jobs_;  // before manager_: the I/O thread feeds it
+  Waiters waiters_;
+  net::steady_timer sweep_timer_;
+  std::atomic<bool> poke_pending_{false};
   std::unique_ptr<KernelManager> manager_;
   tcp::acceptor acceptor_;
   net::signal_set signals_;

@@ -233,12 +233,12 @@ struct KernelIo {
 // ---------------------------------------------------------------------------------------
 
 struct KernelManager::Impl {
-  Impl(KernelOptions o, std::filesystem::path rd, KernelObserver* ob)
-      : opts(o), runtime_dir(std::move(rd)), observer(ob) {}
+  Impl(KernelOptions o, std::filesystem::path rd, std::vector<KernelObserver*> ob)
+      : opts(o), runtime_dir(std::move(rd)), observers(std::move(ob)) {}
 
   KernelOptions opts;
   std::filesystem::path runtime_dir;
-  KernelObserver* observer;
+  std::vector<KernelObserver*> observers;
 
   zmq::context_t ctx{1};
   int wake_fd = -1;
@@ -304,6 +304,8 @@ struct KernelManager::Impl {
   void fail_pending(KernelIo& k, const std::string& ename, const std::string& evalue);
   void broadcast_status(KernelIo& k, const std::string& state);
   void deliver(KernelIo& k, KernelMessage&& m);
+  void lifecycle(KernelIo& k, KernelLifecycle ev, const std::string& reason);
+  bool interrupt_now(KernelIo& k);
   void begin_stop(KernelIo& k, bool restart);
   void finish_removal(KernelIo& k);
   void heartbeat_tick(const std::string& id, std::uint64_t epoch);
@@ -522,6 +524,7 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
   k.start_waiters.clear();
   bool was_restart = k.restart_requested;
   k.restart_requested = false;
+  if (was_restart) lifecycle(k, KernelLifecycle::died, "the restart failed: " + why);
   if (!was_restart) {
     // A kernel that never started is not kept: the POST that asked for it gets the error.
     finish_removal(k);  // k is gone after this
@@ -570,6 +573,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
     if (m.channel == Channel::control) k.remember_control(m.msg_id);
   }
+  for (auto* o : observers) o->on_client_message(k.kernel, m);
 }
 
 void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
@@ -607,8 +611,13 @@ void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state
                                 json{{"execution_state", state}}));
 }
 
+void KernelManager::Impl::lifecycle(KernelIo& k, KernelLifecycle ev, const std::string& reason) {
+  for (auto* o : observers) o->on_kernel_lifecycle(k.kernel, ev, reason);
+}
+
 void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
-  if (observer) observer->on_kernel_message(k.kernel, std::make_shared<const KernelMessage>(std::move(m)));
+  auto msg = std::make_shared<const KernelMessage>(std::move(m));
+  for (auto* o : observers) o->on_kernel_message(k.kernel, msg);
 }
 
 void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch) {
@@ -753,6 +762,7 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
       close_sockets(k);
       k.phase = Phase::dead;
       k.kernel->set_state("dead", "kernel " + how);
+      lifecycle(k, KernelLifecycle::died, "the kernel " + how);
       fail_pending(k, "KernelDied", "kgate: the kernel " + how);
       broadcast_status(k, "dead");
       std::error_code ec;
@@ -779,6 +789,7 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
 
 void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   auto id = k.kernel->id();
+  if (restart) lifecycle(k, KernelLifecycle::restarting, "the kernel was restarted");
   if (!k.proc.running()) {
     if (restart) {
       k.restart_requested = true;
@@ -842,7 +853,7 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
   }
   io.erase(id);  // k is gone from here on
   spdlog::info("kernel {}: removed", id);
-  if (observer) observer->on_kernel_removed(kernel);
+  for (auto* o : observers) o->on_kernel_removed(kernel);
   for (auto& w : waiters) w(true);
 }
 
@@ -944,8 +955,8 @@ void KernelManager::Impl::poll_once() {
 // Public API
 
 KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
-                             KernelObserver* observer)
-    : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), observer)) {
+                             std::vector<KernelObserver*> observers)
+    : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), std::move(observers))) {
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   impl_->thread = std::thread([this] {
@@ -1032,11 +1043,32 @@ void KernelManager::interrupt(const std::string& id, std::function<void(bool)> d
       done(false);
       return;
     }
-    if (k->kernel->spec().interrupt_mode == "message")
-      impl_->send_internal(*k, Channel::control, "interrupt_request", json::object());
-    else
-      k->proc.signal_group(SIGINT);
+    impl_->interrupt_now(*k);
     done(true);
+  });
+}
+
+bool KernelManager::Impl::interrupt_now(KernelIo& k) {
+  if (k.kernel->spec().interrupt_mode == "message") {
+    if (!k.sockets_open()) return false;
+    send_internal(k, Channel::control, "interrupt_request", json::object());
+    return true;
+  }
+  if (!k.proc.running()) return false;
+  k.proc.signal(SIGINT);
+  return true;
+}
+
+void KernelManager::with_interrupt(const std::string& id,
+                                   std::function<void(const std::function<bool()>*)> fn) {
+  impl_->post([this, id, fn = std::move(fn)] {
+    KernelIo* k = impl_->find(id);
+    if (!k) {
+      fn(nullptr);
+      return;
+    }
+    std::function<bool()> interrupt = [this, k] { return impl_->interrupt_now(*k); };
+    fn(&interrupt);
   });
 }
 

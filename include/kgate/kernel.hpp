@@ -56,6 +56,11 @@ struct ClientMessage {
 class Kernel;
 using KernelPtr = std::shared_ptr<Kernel>;
 
+enum class KernelLifecycle {
+  restarting,  // a restart began: the old process is going (or already gone)
+  died,        // the process exited on its own, or a restart failed
+};
+
 // Receives everything kernels send.  Called on the I/O thread only: implementations must
 // not block (post the work elsewhere).
 class KernelObserver {
@@ -64,6 +69,9 @@ class KernelObserver {
   virtual void on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) = 0;
   // The kernel was removed (deleted, or gateway shutdown): drop every client of it.
   virtual void on_kernel_removed(const KernelPtr& kernel) = 0;
+  // A client's message went to the kernel (after it was written to the socket).
+  virtual void on_client_message(const KernelPtr&, const ClientMessage&) {}
+  virtual void on_kernel_lifecycle(const KernelPtr&, KernelLifecycle, const std::string& /*reason*/) {}
 };
 
 struct KernelModel {
@@ -143,7 +151,9 @@ struct StartResult {
 // on the I/O thread.
 class KernelManager {
  public:
-  KernelManager(KernelOptions opts, std::filesystem::path runtime_dir, KernelObserver* observer);
+  // Observers are called in order, on the I/O thread; they must outlive the manager.
+  KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
+                std::vector<KernelObserver*> observers);
   ~KernelManager();  // stops every kernel (bounded), then the thread
   KernelManager(const KernelManager&) = delete;
   KernelManager& operator=(const KernelManager&) = delete;
@@ -155,8 +165,13 @@ class KernelManager {
   void shutdown(const std::string& id, std::function<void(bool)> done);
   // shutdown_request{restart:true}, relaunch on the same ports, key and connection file.
   void restart(const std::string& id, std::function<void(StartResult)> done);
-  // SIGINT to the process group (signal mode) or interrupt_request on control (message).
+  // SIGINT to the kernel process (signal mode; never its process group, so its children are
+  // not hit) or interrupt_request on control (message mode).
   void interrupt(const std::string& id, std::function<void(bool)> done);
+  // Runs `fn` on the I/O thread with a function that interrupts the kernel as above and returns
+  // whether it could (false once the process is gone); `fn` gets nullptr if there is no such
+  // kernel.  The I/O thread reaps kernels, so the pid cannot be reused under `fn`.
+  void with_interrupt(const std::string& id, std::function<void(const std::function<bool()>*)> fn);
   // Sends a client's message.  Requests are tracked until their reply; a dead kernel or a
   // full table answers them with an error reply (exactly one reply per request).
   void send(const std::string& id, ClientMessage msg);

@@ -65,6 +65,15 @@ void expect_same_options(const GatewayOptions& a, const GatewayOptions& b) {
   KGATE_SAME(kernel.max_pending);
   KGATE_SAME(kernel.max_held);
   KGATE_SAME(kernel.max_message_bytes);
+  KGATE_SAME(max_waiters);
+  KGATE_SAME(records.enabled);
+  KGATE_SAME(records.max_jobs);
+  KGATE_SAME(records.job_output_bytes);
+  KGATE_SAME(records.job_code_bytes);
+  KGATE_SAME(records.budget_bytes);
+  KGATE_SAME(records.max_unseen_jobs);
+  KGATE_SAME_COUNT(records.claim_grace);
+  KGATE_SAME_COUNT(records.reply_grace);
 #undef KGATE_SAME
 #undef KGATE_SAME_COUNT
 }
@@ -102,6 +111,15 @@ GatewayOptions poisoned_options() {
   o.kernel.max_pending = 1;
   o.kernel.max_held = 1;
   o.kernel.max_message_bytes = 1;
+  o.max_waiters = 1;
+  o.records.enabled = false;
+  o.records.max_jobs = 1;
+  o.records.job_output_bytes = 1;
+  o.records.job_code_bytes = 1;
+  o.records.budget_bytes = 1;
+  o.records.max_unseen_jobs = 1;
+  o.records.claim_grace = std::chrono::milliseconds(1);
+  o.records.reply_grace = std::chrono::milliseconds(1);
   return o;
 }
 

@@ -1,0 +1,522 @@
+// The kgate extensions: job records, the agent path, claims, the digest, the notebook export
+// and the observe page.
+#include "jobs_api.hpp"
+
+#include <cstdio>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "kgate/jobs.hpp"
+#include "kgate/version.hpp"
+#include "observe_page.hpp"
+#include "server.hpp"
+
+namespace kgate::gw {
+
+// ---------------------------------------------------------------------------------------
+// Waiters
+
+bool Waiters::add(std::chrono::milliseconds timeout, std::function<bool()> ready, std::function<void()> done) {
+  if (ready() || timeout.count() <= 0) {
+    done();
+    return true;
+  }
+  if (waits_.size() >= max_) return false;
+  auto w = std::make_shared<Wait>(ioc_);
+  w->ready = std::move(ready);
+  w->done = std::move(done);
+  waits_.push_back(w);
+  w->timer.expires_after(timeout);
+  w->timer.async_wait([this, w](beast::error_code) { fire(w); });
+  return true;
+}
+
+void Waiters::fire(const std::shared_ptr<Wait>& w) {
+  if (w->fired) return;
+  w->fired = true;
+  w->timer.cancel();
+  waits_.remove(w);
+  auto done = std::move(w->done);
+  done();
+}
+
+void Waiters::poke() {
+  std::vector<std::shared_ptr<Wait>> ready;
+  for (auto& w : waits_)
+    if (!w->fired && w->ready()) ready.push_back(w);
+  for (auto& w : ready) fire(w);
+}
+
+void Waiters::cancel_all() {
+  auto all = waits_;
+  for (auto& w : all) fire(w);
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+namespace {
+
+constexpr std::chrono::seconds kMaxWait{600};
+constexpr std::size_t kMaxIdBytes = 256;
+constexpr std::size_t kListCodeChars = 240;
+
+// Builds the deferred response of a request once it has gone (version and keep-alive kept).
+struct Replier {
+  unsigned version;
+  bool keep_alive;
+  Respond respond;
+  Request shape() const {
+    Request r;
+    r.version(version);
+    r.keep_alive(keep_alive);
+    return r;
+  }
+  void ok(const json& body) const { respond(json_response(shape(), http::status::ok, body.dump())); }
+  void error(http::status st, const std::string& msg, json extra = json::object()) const {
+    json j = {{"message", msg}, {"reason", std::string(http::obsolete_reason(st))}};
+    for (auto& [k, v] : extra.items()) j[k] = v;
+    respond(json_response(shape(), st, j.dump()));
+  }
+};
+
+Replier replier(const Request& req, Respond respond) {
+  return Replier{req.version(), req.keep_alive(), std::move(respond)};
+}
+
+struct Body {
+  json j = json::object();
+  std::string error;
+};
+
+Body parse_body(const Request& req) {
+  Body b;
+  if (req.body().empty()) return b;
+  json j;
+  if (json_depth_within(req.body())) j = json::parse(req.body(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) b.error = "The request body must be a JSON object";
+  else b.j = std::move(j);
+  return b;
+}
+
+// An optional string field; sets `error` if present but not a string (or too long).
+std::optional<std::string> string_field(const json& body, const char* key, std::string& error,
+                                        std::size_t max = kMaxIdBytes) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) {
+    error = std::string("\"") + key + "\" must be a string";
+    return std::nullopt;
+  }
+  const auto& s = it->get_ref<const std::string&>();
+  if (s.size() > max) {
+    error = std::string("\"") + key + "\" is longer than " + std::to_string(max) + " bytes";
+    return std::nullopt;
+  }
+  return s;
+}
+
+// `wait` in seconds, from the body or the query: 0 when absent.
+std::optional<std::chrono::milliseconds> parse_wait(const json* body, const std::string& query,
+                                                    std::string& error) {
+  double secs = 0;
+  if (body && body->contains("wait") && !(*body)["wait"].is_null()) {
+    const auto& w = (*body)["wait"];
+    if (!w.is_number()) {
+      error = "\"wait\" must be a number of seconds";
+      return std::nullopt;
+    }
+    secs = w.get<double>();
+  } else {
+    std::string q = query_param(query, "wait");
+    if (!q.empty()) {
+      char* end = nullptr;
+      secs = std::strtod(q.c_str(), &end);
+      if (!end || *end != '\0') {
+        error = "wait=" + q + " is not a number of seconds";
+        return std::nullopt;
+      }
+    }
+  }
+  if (!(secs >= 0 && secs <= double(kMaxWait.count()))) {
+    error = "wait must be between 0 and " + std::to_string(kMaxWait.count()) + " seconds";
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(static_cast<long long>(secs * 1000));
+}
+
+http::status refusal_status(Refusal r) {
+  switch (r) {
+    case Refusal::disabled: return http::status::service_unavailable;
+    case Refusal::no_such_job:
+    case Refusal::no_such_kernel: return http::status::not_found;
+    case Refusal::not_owner:
+    case Refusal::foreign_job: return http::status::forbidden;
+    default: return http::status::conflict;
+  }
+}
+
+json refusal_extra(const Outcome& o) {
+  json j = {{"refusal", refusal_name(o.refusal)},
+            {"running_job", o.running_job.empty() ? json(nullptr) : json(o.running_job)}};
+  if (o.holder) j["holder"] = {{"agent", o.holder->agent}, {"label", o.holder->label}};
+  return j;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+json claim_json(const std::optional<ClaimView>& c) {
+  if (!c) return nullptr;
+  return {{"agent", c->agent}, {"label", c->label}, {"alive", c->alive}};
+}
+
+json kernel_ext_json(Server& server, const KernelPtr& k) {
+  json j = kernel_model_json(k->model());
+  auto info = server.jobs().kernel_info(k->id());
+  std::string file = k->connection_file().string();
+  j["connection_file"] = file.empty() ? json(nullptr) : json(file);
+  j["attach_command"] = file.empty() ? json(nullptr) : json(attach_command(k->spec(), file));
+  j["claim"] = claim_json(info.claim);
+  j["running_job"] = info.running_job.empty() ? json(nullptr) : json(info.running_job);
+  j["restarts"] = info.restarts;
+  j["kernelspec"] = k->spec().name;
+  return j;
+}
+
+std::uint64_t job_number_arg(const std::string& s) {
+  std::string digits = s.rfind("job-", 0) == 0 ? s.substr(4) : s;
+  if (digits.empty() || digits.size() > 19) return 0;
+  std::uint64_t n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return 0;
+    n = n * 10 + std::uint64_t(c - '0');
+  }
+  return n;
+}
+
+Response method_not_allowed(const Request& req, const char* allow) {
+  Response res = json_error(req, http::status::method_not_allowed,
+                            std::string(req.method_string()) + " is not allowed here");
+  res.set(http::field::allow, allow);
+  return res;
+}
+
+// Answers with the job's record once it is not running, or at the deadline.
+void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r) {
+  auto& jobs = server.jobs();
+  auto done = [&jobs, id, r] {
+    auto j = jobs.job(id);
+    if (!j) return r.error(http::status::not_found, "No such job '" + id + "' (it was evicted)");
+    r.ok(job_json(*j, true, std::chrono::steady_clock::now()));
+  };
+  if (!server.waiters().add(wait, [&jobs, id] { return !jobs.is_running(id); }, done))
+    r.error(http::status::service_unavailable, "Too many requests are waiting on jobs; try again");
+}
+
+// ---------------------------------------------------------------------------------------
+// Handlers
+
+void get_jobs(Server& server, const Request& req, const std::string& query, Respond respond) {
+  auto r = replier(req, std::move(respond));
+  std::string err;
+  auto wait = parse_wait(nullptr, query, err);
+  if (!wait) return r.error(http::status::bad_request, err);
+  std::string kernel = query_param(query, "kernel");
+  std::string after_s = query_param(query, "after");
+  std::uint64_t after = 0;
+  if (!after_s.empty() && (after = job_number_arg(after_s)) == 0 && after_s != "0")
+    return r.error(http::status::bad_request, "after=" + after_s + " is not a job number");
+  std::string version_s = query_param(query, "version");
+  std::uint64_t version = 0;
+  bool has_version = !version_s.empty();
+  if (has_version) {
+    char* end = nullptr;
+    version = std::strtoull(version_s.c_str(), &end, 10);
+    if (!end || *end != '\0') return r.error(http::status::bad_request, "version=" + version_s + " is not a number");
+  }
+  auto& jobs = server.jobs();
+  auto done = [&jobs, kernel, after, r] {
+    auto l = jobs.list(kernel, after, kListCodeChars);
+    auto now = std::chrono::steady_clock::now();
+    json list = json::array();
+    for (auto& j : l.jobs) list.push_back(job_json(j, false, now));
+    json restarts = json::array();
+    for (auto& m : l.restarts)
+      restarts.push_back({{"kernel", m.kernel}, {"after_job", "job-" + std::to_string(m.after_job)},
+                          {"at", m.at}, {"reason", m.reason}});
+    r.ok({{"version", l.version}, {"jobs", list}, {"restarts", restarts}});
+  };
+  auto ms = has_version ? *wait : std::chrono::milliseconds(0);
+  if (!server.waiters().add(ms, [&jobs, version] { return jobs.version() != version; }, done))
+    r.error(http::status::service_unavailable, "Too many requests are waiting on jobs; try again");
+}
+
+void post_execute(Server& server, const Request& req, const std::string& id, Respond respond) {
+  auto r = replier(req, std::move(respond));
+  auto body = parse_body(req);
+  if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
+  std::string err;
+  auto code = string_field(body.j, "code", err, server.options().max_body_bytes);
+  auto agent = string_field(body.j, "agent", err);
+  auto label = string_field(body.j, "label", err);
+  auto origin_s = string_field(body.j, "origin", err);
+  auto wait = parse_wait(&body.j, "", err);
+  if (!err.empty()) return r.error(http::status::bad_request, err);
+  if (!code) return r.error(http::status::bad_request, "\"code\" is required");
+  if (!agent || agent->empty())
+    return r.error(http::status::bad_request, "\"agent\" is required: the id the agent chose for itself");
+  if (code->find_first_not_of(" \t\r\n") == std::string::npos)
+    return r.error(http::status::bad_request, "\"code\" is empty: empty code is never a cell");
+  JobOrigin origin = JobOrigin::mcp;
+  if (origin_s && *origin_s == "host") origin = JobOrigin::host;
+  else if (origin_s && *origin_s != "mcp")
+    return r.error(http::status::bad_request, "\"origin\" must be \"mcp\" or \"host\"");
+  auto k = server.manager().get(id);
+  if (!k) return r.error(http::status::not_found, "Kernel does not exist: " + id);
+  if (k->execution_state() == "dead")
+    return r.error(http::status::conflict, "The kernel is dead (" + k->model().reason + "); restart it",
+                   {{"refusal", "dead"}, {"running_job", nullptr}});
+  AgentRef a{*agent, label.value_or("")};
+  auto out = server.jobs().submit(id, a, std::move(*code), origin,
+                                  [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); });
+  if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
+  respond_job_when_done(server, out.job, *wait, r);
+}
+
+void post_interrupt(Server& server, const Request& req, const std::string& job, Respond respond) {
+  auto r = replier(req, std::move(respond));
+  auto body = parse_body(req);
+  if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
+  std::string err;
+  auto agent = string_field(body.j, "agent", err);
+  if (!err.empty()) return r.error(http::status::bad_request, err);
+  auto rec = server.jobs().job(job);
+  if (!rec) return r.error(http::status::not_found, "No such job '" + job + "'");
+  std::optional<AgentRef> a;
+  if (agent && !agent->empty()) a = AgentRef{*agent, ""};
+  // The check and the signal happen on the kernel I/O thread (it reaps the process, so the pid
+  // is still the kernel's) under the records' lock.
+  server.manager().with_interrupt(rec->kernel, [&server, job, a, r](const std::function<bool()>* interrupt) {
+    Outcome out;
+    if (!interrupt) {
+      out.refusal = Refusal::no_process;
+      out.message = "The kernel of " + job + " no longer exists";
+    } else {
+      out = server.jobs().interrupt(job, a ? &*a : nullptr, *interrupt);
+    }
+    net::post(server.ioc(), [out, r] {
+      if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
+      spdlog::info("{} interrupted", out.job);
+      r.ok({{"interrupted", out.job}});
+    });
+  });
+}
+
+void post_restart(Server& server, const Request& req, const std::string& id, Respond respond) {
+  auto r = replier(req, std::move(respond));
+  auto body = parse_body(req);
+  if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
+  std::string err;
+  auto agent = string_field(body.j, "agent", err);
+  auto label = string_field(body.j, "label", err);
+  if (!err.empty()) return r.error(http::status::bad_request, err);
+  if (!server.manager().get(id)) return r.error(http::status::not_found, "Kernel does not exist: " + id);
+  std::optional<AgentRef> a;
+  if (agent && !agent->empty()) a = AgentRef{*agent, label.value_or("")};
+  auto out = server.jobs().restart_gate(id, a ? &*a : nullptr);
+  if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
+  kernel_action(server, req, id, "restart", r.respond, /*gated=*/true);
+}
+
+void get_digest(Server& server, const Request& req, const std::string& id, const std::string& query,
+                Respond respond) {
+  auto r = replier(req, std::move(respond));
+  if (!server.manager().get(id)) return r.error(http::status::not_found, "Kernel does not exist: " + id);
+  std::string agent = query_param(query, "agent");
+  if (!agent.empty()) server.jobs().touch_agent(AgentRef{agent, ""});
+  auto d = server.jobs().digest(id);
+  json list = json::array();
+  for (auto& e : d.jobs)
+    list.push_back({{"job", e.job}, {"status", status_name(e.status)}, {"origin", origin_name(e.origin)},
+                    {"elapsed", std::round(e.elapsed * 1000.0) / 1000.0}});
+  r.ok({{"kernel", id}, {"jobs", list}, {"evicted_unseen", d.evicted_unseen}});
+}
+
+void post_ack(Server& server, const Request& req, const std::string& id, Respond respond) {
+  auto r = replier(req, std::move(respond));
+  auto body = parse_body(req);
+  if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
+  std::string err;
+  auto agent = string_field(body.j, "agent", err);
+  if (!err.empty()) return r.error(http::status::bad_request, err);
+  if (!agent || agent->empty()) return r.error(http::status::bad_request, "\"agent\" is required");
+  auto it = body.j.find("jobs");
+  if (it == body.j.end() || !it->is_array())
+    return r.error(http::status::bad_request, "\"jobs\" must be an array of job ids");
+  std::vector<std::string> ids;
+  for (auto& e : *it) {
+    if (!e.is_string()) return r.error(http::status::bad_request, "\"jobs\" must be an array of job ids");
+    ids.push_back(e.get<std::string>());
+  }
+  if (!server.manager().get(id)) return r.error(http::status::not_found, "Kernel does not exist: " + id);
+  auto res = server.jobs().ack(id, AgentRef{*agent, ""}, ids);
+  if (!res.outcome) return r.error(refusal_status(res.outcome.refusal), res.outcome.message, refusal_extra(res.outcome));
+  json kept = json::array();
+  for (auto& [job, why] : res.kept) kept.push_back({{"job", job}, {"reason", why}});
+  r.ok({{"acked", res.acked}, {"kept", kept}});
+}
+
+void get_notebook(Server& server, const Request& req, const std::string& id, Respond respond) {
+  auto k = server.manager().get(id);
+  auto jobs = server.jobs().kernel_jobs(id);
+  if (!k && jobs.empty()) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
+  json nb = notebook_json(jobs, server.jobs().restarts(id), k ? &k->spec() : nullptr);
+  Response res = json_response(req, http::status::ok, nb.dump(1));
+  res.set(http::field::content_type, "application/x-ipynb+json");
+  res.set(http::field::content_disposition, "attachment; filename=\"kernel-" + id + ".ipynb\"");
+  respond(std::move(res));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+
+std::string attach_command(const KernelSpec& spec, const std::string& connection_file) {
+  // The kernel's own interpreter when it is a Python one, else Debian's.  Which of qtconsole and
+  // jupyter_console it has is looked up once per interpreter (an import check, in the
+  // background of the first call), so this never blocks on a slow interpreter.
+  std::string python = "/usr/bin/python3";
+  if (!spec.argv.empty()) {
+    std::string base = std::filesystem::path(spec.argv[0]).filename().string();
+    if (base.rfind("python", 0) == 0) python = spec.argv[0];
+  }
+  static std::mutex mu;
+  static std::map<std::string, std::string> modules;  // python -> module ("" = none, "?" = probing)
+  std::string module;
+  {
+    std::lock_guard lk(mu);
+    auto it = modules.find(python);
+    if (it == modules.end()) {
+      modules[python] = "?";
+      std::thread([python] {
+        std::string cmd = shell_quote(python) +
+                          " -c 'import importlib.util as u; print(\"qtconsole\" if u.find_spec(\"qtconsole\") else "
+                          "\"jupyter_console\" if u.find_spec(\"jupyter_console\") else \"\")' 2>/dev/null";
+        std::string found;
+        if (FILE* p = ::popen(cmd.c_str(), "r")) {
+          char buf[64] = {};
+          if (std::fgets(buf, sizeof buf, p)) found = buf;
+          ::pclose(p);
+        }
+        while (!found.empty() && (found.back() == '\n' || found.back() == '\r')) found.pop_back();
+        std::lock_guard lk2(mu);
+        modules[python] = found;
+      }).detach();
+      module = "?";
+    } else {
+      module = it->second;
+    }
+  }
+  if (module == "qtconsole") return shell_quote(python) + " -m qtconsole --existing " + shell_quote(connection_file);
+  // jupyter_console, or not known yet / neither installed: the console is the usual one.
+  return shell_quote(python) + " -m jupyter_console --existing " + shell_quote(connection_file);
+}
+
+Response observe_page(const Request& req) {
+  Response res{http::status::ok, req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::content_type, "text/html; charset=utf-8");
+  res.set(http::field::cache_control, "no-store");
+  // The page has Stop and Restart buttons: no framing by other sites, no foreign scripts.
+  res.set("X-Frame-Options", "DENY");
+  res.set("Content-Security-Policy",
+          "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+          "img-src 'self' data:; frame-ancestors 'none'");
+  res.set("Referrer-Policy", "no-referrer");
+  res.keep_alive(req.keep_alive());
+  res.body() = std::string(kObservePage);
+  res.prepare_payload();
+  return res;
+}
+
+void handle_kgate(Server& server, const Request& req, const RequestContext&, const std::vector<std::string>& parts,
+                  const std::string& query, Respond respond) {
+  auto m = req.method();
+  auto n = parts.size();  // parts[0] == "api", parts[1] == "kgate"
+  if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
+    return respond(json_error(req, http::status::service_unavailable,
+                              "Job records are switched off in this kgate ([records] enabled = false)"));
+  if (n >= 3 && parts[2] == "jobs") {
+    if (n == 3) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      return get_jobs(server, req, query, std::move(respond));
+    }
+    const std::string& job = parts[3];
+    if (n == 4) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      std::string err;
+      auto wait = parse_wait(nullptr, query, err);
+      if (!wait) return respond(json_error(req, http::status::bad_request, err));
+      if (!server.jobs().job(job)) return respond(json_error(req, http::status::not_found, "No such job '" + job + "'"));
+      return respond_job_when_done(server, job, *wait, replier(req, std::move(respond)));
+    }
+    if (n == 5 && parts[4] == "interrupt") {
+      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
+      return post_interrupt(server, req, job, std::move(respond));
+    }
+  }
+  if (n >= 3 && parts[2] == "kernels") {
+    if (n == 3) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      json list = json::array();
+      for (auto& k : server.manager().list()) list.push_back(kernel_ext_json(server, k));
+      return respond(json_response(req, http::status::ok, list.dump()));
+    }
+    const std::string& id = parts[3];
+    if (n == 4) {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      auto k = server.manager().get(id);
+      if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
+      return respond(json_response(req, http::status::ok, kernel_ext_json(server, k).dump()));
+    }
+    if (!server.jobs().limits().enabled)
+      return respond(json_error(req, http::status::service_unavailable,
+                                "Job records are switched off in this kgate ([records] enabled = false)"));
+    const std::string& what = parts[4];
+    if (n == 5 && what == "execute") {
+      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
+      return post_execute(server, req, id, std::move(respond));
+    }
+    if (n == 5 && what == "restart") {
+      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
+      return post_restart(server, req, id, std::move(respond));
+    }
+    if (n == 5 && what == "digest") {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      return get_digest(server, req, id, query, std::move(respond));
+    }
+    if (n == 6 && what == "digest" && parts[5] == "ack") {
+      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
+      return post_ack(server, req, id, std::move(respond));
+    }
+    if (n == 5 && what == "notebook") {
+      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+      return get_notebook(server, req, id, std::move(respond));
+    }
+  }
+  if (n == 3 && parts[2] == "agent")
+    return respond(json_error(req, http::status::bad_request, "This endpoint takes a websocket upgrade"));
+  std::string path;
+  for (auto& p : parts) path += "/" + p;
+  respond(json_error(req, http::status::not_found, "Not found: " + path));
+}
+
+}  // namespace kgate::gw

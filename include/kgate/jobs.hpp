@@ -1,0 +1,255 @@
+// Job records: every cell run in kgate's kernels, built from the protocol, kept in memory.
+//
+// The store is fed by the kernel I/O thread (it is a KernelObserver) and read by the gateway's
+// Asio thread; one mutex guards it.  Every read is a read of memory, never a kernel round trip.
+// The agent path (submit, interrupt, claims, the digest) lives here too, so that a check and
+// the action it guards happen under the same lock the records are changed under.  DEV.md §8
+// describes the algorithms.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kgate/kernel.hpp"
+
+namespace kgate {
+
+enum class JobOrigin { mcp, user, host };
+enum class JobStatus { running, ok, error, interrupted, aborted, kernel_lost, end_not_recorded };
+std::string_view origin_name(JobOrigin o) noexcept;
+std::string_view status_name(JobStatus s) noexcept;
+
+// Limits of the records.  Defaults are documented in config/kgate.toml and DEV.md.
+struct RecordLimits {
+  bool enabled = true;                        // off: nothing is recorded, the agent path refuses
+  std::size_t max_jobs = 1000;                // records kept, all kernels (finished ones evicted)
+  std::size_t job_output_bytes = 256u << 10;  // stream text kept per job (the tail)
+  std::size_t job_code_bytes = 64u << 10;     // code kept per job (the head)
+  std::size_t budget_bytes = 64u << 20;       // code + output + result + traceback, all records
+  std::size_t max_unseen_jobs = 10000;        // foreign jobs kept for the digest past the caps
+  std::chrono::milliseconds claim_grace{10000};  // a dropped agent connection stays alive this long
+  std::chrono::milliseconds reply_grace{5000};   // execute_reply without its idle: ended after this
+  std::size_t max_restart_marks = 1000;
+};
+
+// Text capped at a byte budget that keeps the tail (cut at a UTF-8 boundary).
+class TailText {
+ public:
+  explicit TailText(std::size_t cap = 0) : cap_(cap) {}
+  void append(std::string_view s);
+  std::string_view text() const;  // at most cap bytes: the tail
+  std::size_t cut() const { return total_ - text().size(); }  // bytes cut from the front
+  std::size_t held() const { return buf_.size(); }            // bytes in memory
+  std::size_t total() const { return total_; }
+  void release();  // drops the text (budget pressure); what was held counts as cut
+
+ private:
+  std::size_t cap_;
+  std::string buf_;
+  std::size_t total_ = 0;
+};
+
+struct Job {
+  std::uint64_t n = 0;     // job-N
+  std::string kernel;
+  JobOrigin origin = JobOrigin::user;
+  std::string agent, label;  // mcp/host jobs
+  std::string request;       // the execute_request's msg_id
+  std::string code;
+  std::size_t code_cut = 0;
+  JobStatus status = JobStatus::running;
+  bool began = false;
+  std::string created, began_at, ended_at;  // ISO times ("" until then)
+  std::chrono::steady_clock::time_point t_created, t_began, t_ended;
+  std::optional<int> execution_count;
+  TailText output, result;
+  std::string ename, evalue;
+  std::vector<std::string> traceback;
+  std::string note;
+  std::string stop_note;  // set by a person's stop, shown if the job did not end ok
+  bool seen_by_agent = false;
+  bool released = false;  // its text was dropped under budget pressure
+  std::string reply_status;
+  std::optional<std::chrono::steady_clock::time_point> reply_at;
+  std::uint64_t generation = 0;
+
+  std::string id() const { return "job-" + std::to_string(n); }
+  bool running() const { return status == JobStatus::running; }
+  double elapsed(std::chrono::steady_clock::time_point now) const;
+  std::size_t bytes() const;
+};
+
+struct RestartMark {
+  std::string kernel;
+  std::uint64_t after_job = 0;  // the restart came after job-N (by number: eviction cannot lose it)
+  std::string at;
+  std::string reason;
+};
+
+// Why an agent-path call was refused.
+enum class Refusal { none, disabled, busy, claimed, not_running, not_begun, not_owner, foreign_job,
+                     no_such_job, no_such_kernel, no_process };
+std::string_view refusal_name(Refusal r) noexcept;
+
+struct AgentRef {
+  std::string agent;  // chosen by the client; required on the agent path
+  std::string label;  // shown to others ("Claude Code (conversation 3)")
+};
+
+struct ClaimView {
+  std::string agent, label;
+  bool alive = false;
+};
+
+struct Outcome {
+  Refusal refusal = Refusal::none;
+  std::string message;      // for a refusal: what to tell the caller
+  std::string job;          // the job concerned (submitted, interrupted)
+  std::string running_job;  // what runs on the kernel now ("" = nothing)
+  std::optional<ClaimView> holder;
+  explicit operator bool() const { return refusal == Refusal::none; }
+};
+
+struct DigestEntry {
+  std::string job;
+  JobStatus status;
+  JobOrigin origin;
+  double elapsed;
+};
+struct Digest {
+  std::vector<DigestEntry> jobs;
+  std::size_t evicted_unseen = 0;
+};
+struct AckResult {
+  Outcome outcome;
+  std::vector<std::string> acked;
+  std::vector<std::pair<std::string, std::string>> kept;  // job, why not retired
+};
+
+struct KernelRecordInfo {
+  std::optional<ClaimView> claim;
+  std::string running_job;
+  std::uint64_t restarts = 0;
+};
+
+// The route replies to agent-path requests carry: the store consumes them; no client has it.
+inline constexpr std::string_view kAgentRoute = "@kgate-agent";
+
+class JobStore final : public KernelObserver {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit JobStore(RecordLimits limits);
+
+  const RecordLimits& limits() const { return limits_; }
+  // The session id of kgate's own execute requests: an execute_input from any other session is
+  // a foreign cell.
+  const std::string& session() const { return session_; }
+
+  // KernelObserver: called on the kernel I/O thread.
+  void on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) override;
+  void on_kernel_removed(const KernelPtr& kernel) override;
+  void on_client_message(const KernelPtr& kernel, const ClientMessage& msg) override;
+  void on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
+                           const std::string& reason) override;
+
+  // Runs `code` as `agent`: refused while anything runs on the kernel or another live agent holds
+  // it; else records the job, takes the claim and calls `send` with the execute_request, all under
+  // the store's lock.  `kernel_dead` is the kernel's state as the caller saw it.
+  Outcome submit(const std::string& kernel, const AgentRef& agent, std::string code, JobOrigin origin,
+                 const std::function<void(ClientMessage)>& send);
+  // Stops `job` if it still runs: `interrupt` (SIGINT to the kernel process) is called under the
+  // lock the job is ended under.  `agent` null = the person at the machine (may stop anything).
+  Outcome interrupt(const std::string& job, const AgentRef* agent, const std::function<bool()>& interrupt);
+  // May `agent` restart `kernel`?  A person's restart (agent null) is never refused and clears
+  // the claim; an agent's is refused while another live agent holds the kernel.
+  Outcome restart_gate(const std::string& kernel, const AgentRef* agent);
+
+  // Agent liveness: the agent websocket opened / closed (clean = it closed with code 1000).
+  void agent_connected(const AgentRef& agent);
+  void agent_disconnected(const std::string& agent, bool clean);
+  void touch_agent(const AgentRef& agent);  // any request that names the agent
+
+  std::optional<Job> job(const std::string& id) const;
+  struct Listing {
+    std::uint64_t version = 0;
+    std::vector<Job> jobs;  // summaries: output/result/traceback empty, code cut
+    std::vector<RestartMark> restarts;
+  };
+  Listing list(const std::string& kernel, std::uint64_t after, std::size_t code_chars) const;
+  std::vector<Job> kernel_jobs(const std::string& kernel) const;  // full records, oldest first
+  std::vector<RestartMark> restarts(const std::string& kernel) const;
+  Digest digest(const std::string& kernel) const;
+  AckResult ack(const std::string& kernel, const AgentRef& agent, const std::vector<std::string>& jobs);
+  KernelRecordInfo kernel_info(const std::string& kernel) const;
+  bool is_running(const std::string& job) const;
+
+  // Bumped on every lifecycle change (a job created, begun, ended, acked; a restart; a claim).
+  std::uint64_t version() const;
+  // Called (on whichever thread changed the store, outside the lock) when version() changed.
+  void set_on_change(std::function<void()> fn) { on_change_ = std::move(fn); }
+  // Ends cells whose execute_reply came reply_grace ago without their idle.  Call periodically.
+  void sweep();
+
+  std::size_t bytes() const;  // what the records hold (for the budget)
+
+ private:
+  struct Agent {
+    std::string label;
+    int connections = 0;
+    bool exited = false;
+    Clock::time_point last_seen{};
+  };
+  struct PerKernel {
+    std::uint64_t generation = 0;
+    std::optional<AgentRef> claim;
+    std::set<std::string> inflight;  // execute_requests from kgate's clients awaiting a reply
+    std::size_t evicted_unseen = 0;
+    std::uint64_t restarts = 0;
+  };
+
+  Job* find_locked(const std::string& id);
+  Job* by_request_locked(const std::string& request);
+  Job* running_locked(const std::string& kernel);
+  bool alive_locked(const std::string& agent, Clock::time_point now) const;
+  ClaimView claim_view_locked(const AgentRef& a, Clock::time_point now) const;
+  Job& create_locked(const std::string& kernel, JobOrigin origin, std::string request, std::string_view code);
+  void end_locked(Job& j, JobStatus status, std::string note = {});
+  void close_earlier_locked(const Job& j, Clock::time_point since);
+  void lose_running_locked(const std::string& kernel, const std::string& why);
+  void add_bytes(std::size_t before, const Job& j);
+  void enforce_locked();
+  void changed_locked() { ++version_; changed_ = true; }
+  void notify();
+
+  const RecordLimits limits_;
+  const std::string session_;
+  mutable std::mutex mu_;
+  std::uint64_t counter_ = 0;
+  std::uint64_t version_ = 0;
+  bool changed_ = false;
+  std::map<std::uint64_t, Job> jobs_;
+  std::map<std::string, std::uint64_t> by_request_;
+  std::map<std::string, PerKernel> kernels_;
+  std::map<std::string, Agent> agents_;
+  std::vector<RestartMark> marks_;
+  std::size_t bytes_ = 0;
+  std::size_t unseen_ = 0;  // finished-or-not foreign jobs not seen by an agent
+  std::function<void()> on_change_;
+};
+
+// The kernel's records as an nbformat 4.5 notebook.
+json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>& marks,
+                   const KernelSpec* spec);
+// A record as the API shows it (`full` = with output, result and error).
+json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now);
+// Removes ANSI escape sequences (CSI and OSC).
+std::string strip_ansi(std::string_view s);
+
+}  // namespace kgate

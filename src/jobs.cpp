@@ -1,0 +1,956 @@
+// Job records: every cell run in kgate's kernels, built from the protocol, kept in memory.
+#include "kgate/jobs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "kgate/connection.hpp"
+
+namespace kgate {
+
+namespace {
+
+constexpr std::string_view kEndLost =
+    "This job has ended, but how was not recorded (its end was lost: a later cell ran). Its "
+    "output is complete as far as it goes.";
+
+// The first byte at or after `i` that starts a UTF-8 sequence.
+std::size_t utf8_boundary(const std::string& s, std::size_t i) {
+  while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+  return i;
+}
+
+// The head of `s` in at most `cap` bytes, cut at a UTF-8 boundary.
+std::size_t utf8_head(std::string_view s, std::size_t cap) {
+  if (s.size() <= cap) return s.size();
+  std::size_t i = cap;
+  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+const std::string* str_field(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+}
+
+std::optional<int> int_field(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it != j.end() && it->is_number_integer()) return it->get<int>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view origin_name(JobOrigin o) noexcept {
+  switch (o) {
+    case JobOrigin::mcp: return "mcp";
+    case JobOrigin::user: return "user";
+    case JobOrigin::host: return "host";
+  }
+  return "user";
+}
+
+std::string_view status_name(JobStatus s) noexcept {
+  switch (s) {
+    case JobStatus::running: return "running";
+    case JobStatus::ok: return "ok";
+    case JobStatus::error: return "error";
+    case JobStatus::interrupted: return "interrupted";
+    case JobStatus::aborted: return "aborted";
+    case JobStatus::kernel_lost: return "kernel_lost";
+    case JobStatus::end_not_recorded: return "end_not_recorded";
+  }
+  return "running";
+}
+
+std::string_view refusal_name(Refusal r) noexcept {
+  switch (r) {
+    case Refusal::none: return "";
+    case Refusal::disabled: return "disabled";
+    case Refusal::busy: return "busy";
+    case Refusal::claimed: return "claimed";
+    case Refusal::not_running: return "not_running";
+    case Refusal::not_begun: return "not_begun";
+    case Refusal::not_owner: return "not_owner";
+    case Refusal::foreign_job: return "foreign_job";
+    case Refusal::no_such_job: return "no_such_job";
+    case Refusal::no_such_kernel: return "no_such_kernel";
+    case Refusal::no_process: return "no_process";
+  }
+  return "";
+}
+
+std::string strip_ansi(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\x1b') {
+      out.push_back(s[i]);
+      continue;
+    }
+    if (i + 1 >= s.size()) break;
+    char k = s[i + 1];
+    if (k == '[') {  // CSI: parameters and intermediates, then a final byte 0x40-0x7E
+      std::size_t j = i + 2;
+      while (j < s.size() && !(s[j] >= 0x40 && s[j] <= 0x7E)) ++j;
+      i = j;
+    } else if (k == ']') {  // OSC: up to BEL or ESC backslash
+      std::size_t j = i + 2;
+      while (j < s.size() && s[j] != '\a' && !(s[j] == '\x1b' && j + 1 < s.size() && s[j + 1] == '\\')) ++j;
+      i = (j < s.size() && s[j] == '\x1b') ? j + 1 : j;
+    } else {
+      i += 1;  // a two-byte escape
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// TailText
+
+void TailText::append(std::string_view s) {
+  total_ += s.size();
+  buf_.append(s);
+  // Compact only past twice the cap, so appends stay amortised O(1).
+  if (cap_ && buf_.size() > 2 * cap_) {
+    std::size_t from = utf8_boundary(buf_, buf_.size() - cap_);
+    buf_.erase(0, from);
+  }
+}
+
+std::string_view TailText::text() const {
+  if (buf_.size() <= cap_ || cap_ == 0) return buf_;
+  std::size_t from = utf8_boundary(buf_, buf_.size() - cap_);
+  return std::string_view(buf_).substr(from);
+}
+
+void TailText::release() {
+  buf_.clear();
+  buf_.shrink_to_fit();
+}
+
+// ---------------------------------------------------------------------------------------
+// Job
+
+double Job::elapsed(std::chrono::steady_clock::time_point now) const {
+  auto from = began ? t_began : t_created;
+  auto to = running() ? now : t_ended;
+  return std::max(0.0, std::chrono::duration<double>(to - from).count());
+}
+
+std::size_t Job::bytes() const {
+  std::size_t total = code.size() + output.held() + result.held() + ename.size() + evalue.size() + note.size();
+  for (auto& t : traceback) total += t.size();
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------
+// JobStore: recording
+
+JobStore::JobStore(RecordLimits limits) : limits_(limits), session_("kgate-" + new_hex_id()) {}
+
+Job* JobStore::find_locked(const std::string& id) {
+  if (id.size() < 5 || id.compare(0, 4, "job-") != 0) return nullptr;
+  std::uint64_t n = 0;
+  for (std::size_t i = 4; i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9' || n > (UINT64_MAX - 9) / 10) return nullptr;
+    n = n * 10 + std::uint64_t(id[i] - '0');
+  }
+  auto it = jobs_.find(n);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+Job* JobStore::by_request_locked(const std::string& request) {
+  if (request.empty()) return nullptr;
+  auto it = by_request_.find(request);
+  if (it == by_request_.end()) return nullptr;
+  auto j = jobs_.find(it->second);
+  return j == jobs_.end() ? nullptr : &j->second;
+}
+
+Job* JobStore::running_locked(const std::string& kernel) {
+  // Newest first: the one that began wins over a queued one.
+  Job* queued = nullptr;
+  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+    auto& j = it->second;
+    if (j.kernel != kernel || !j.running()) continue;
+    if (j.began) return &j;
+    queued = &j;
+  }
+  return queued;
+}
+
+Job& JobStore::create_locked(const std::string& kernel, JobOrigin origin, std::string request,
+                             std::string_view code) {
+  Job j;
+  j.n = ++counter_;
+  j.kernel = kernel;
+  j.origin = origin;
+  j.request = std::move(request);
+  std::size_t keep = utf8_head(code, limits_.job_code_bytes);
+  j.code = std::string(code.substr(0, keep));
+  j.code_cut = code.size() - keep;
+  j.output = TailText(limits_.job_output_bytes);
+  j.result = TailText(limits_.job_output_bytes);
+  j.created = iso_now();
+  j.t_created = Clock::now();
+  j.seen_by_agent = origin != JobOrigin::user;
+  j.generation = kernels_[kernel].generation;
+  if (!j.seen_by_agent) ++unseen_;
+  bytes_ += j.bytes();
+  if (!j.request.empty()) by_request_[j.request] = j.n;
+  auto [it, _] = jobs_.emplace(j.n, std::move(j));
+  changed_locked();
+  return it->second;
+}
+
+void JobStore::add_bytes(std::size_t before, const Job& j) {
+  bytes_ = bytes_ - before + j.bytes();
+}
+
+void JobStore::end_locked(Job& j, JobStatus status, std::string note) {
+  if (!j.running()) return;
+  j.status = status;
+  j.t_ended = Clock::now();
+  j.ended_at = iso_now();
+  std::size_t before = j.bytes();
+  if (!note.empty()) j.note = std::move(note);
+  else if (status != JobStatus::ok && !j.stop_note.empty()) j.note = j.stop_note;
+  add_bytes(before, j);
+  by_request_.erase(j.request);
+  changed_locked();
+  close_earlier_locked(j, j.began ? j.t_began : j.t_created);
+}
+
+void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
+  // Cells run one at a time: any other cell of this kernel that began before `since` has ended.
+  for (auto& [n, other] : jobs_) {
+    if (&other == &j || other.kernel != j.kernel || !other.running() || !other.began) continue;
+    if (other.t_began > since) continue;  // began after this one: it is the next cell
+    end_locked(other, JobStatus::end_not_recorded, std::string(kEndLost));
+  }
+}
+
+void JobStore::lose_running_locked(const std::string& kernel, const std::string& why) {
+  for (auto& [n, j] : jobs_)
+    if (j.kernel == kernel && j.running()) {
+      std::string note = "The kernel stopped before this job finished (" + why + ").";
+      // end_locked repairs others only among began ones; every running one is lost here anyway.
+      j.status = JobStatus::kernel_lost;
+      j.t_ended = Clock::now();
+      j.ended_at = iso_now();
+      std::size_t before = j.bytes();
+      j.note = std::move(note);
+      add_bytes(before, j);
+      by_request_.erase(j.request);
+      changed_locked();
+    }
+}
+
+void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) {
+  if (!limits_.enabled) return;
+  const auto& m = *msg;
+  if (m.channel == Channel::iopub) {
+    const auto& t = m.msg_type;
+    if (t != "execute_input" && t != "stream" && t != "execute_result" && t != "error" && t != "status")
+      return;
+    {
+      std::lock_guard lk(mu_);
+      Job* j = by_request_locked(m.parent_msg_id);
+      // Most iopub traffic is not a recorded cell's (kernel_info, comms): skip it unparsed.
+      if (!j && t != "execute_input") return;
+      json content = json::parse(m.wire.content, nullptr, false);
+      if (!content.is_object()) return;
+      if (t == "execute_input") {
+        const std::string* code = str_field(content, "code");
+        if (!j) {
+          if (!code || code->empty()) return;  // empty code is never a cell
+          json parent = json::parse(m.wire.parent_header, nullptr, false);
+          const std::string* session = parent.is_object() ? str_field(parent, "session") : nullptr;
+          if (session && *session == session_) return;  // ours, not recorded (already ended)
+          j = &create_locked(kernel->id(), JobOrigin::user, m.parent_msg_id, *code);
+        }
+        if (!j->began) {
+          j->began = true;
+          j->t_began = Clock::now();
+          j->began_at = iso_now();
+          changed_locked();
+          close_earlier_locked(*j, j->t_began);
+        }
+        if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
+      } else if (!j) {
+        return;
+      } else if (t == "stream") {
+        if (const std::string* text = str_field(content, "text")) {
+          std::size_t before = j->bytes();
+          j->output.append(*text);
+          add_bytes(before, *j);
+        }
+      } else if (t == "execute_result") {
+        auto data = content.find("data");
+        if (data != content.end() && data->is_object())
+          if (const std::string* text = str_field(*data, "text/plain")) {
+            std::size_t before = j->bytes();
+            j->result.append(*text);
+            add_bytes(before, *j);
+          }
+        if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
+      } else if (t == "error") {
+        std::size_t before = j->bytes();
+        if (auto* e = str_field(content, "ename")) j->ename = *e;
+        if (auto* e = str_field(content, "evalue")) j->evalue = strip_ansi(*e);
+        j->traceback.clear();
+        auto tb = content.find("traceback");
+        std::size_t budget = limits_.job_output_bytes;
+        if (tb != content.end() && tb->is_array())
+          for (auto& line : *tb)
+            if (line.is_string() && budget > 0) {
+              std::string s = strip_ansi(line.get_ref<const std::string&>());
+              if (s.size() > budget) s.resize(utf8_head(s, budget));
+              budget -= s.size();
+              j->traceback.push_back(std::move(s));
+            }
+        if (j->ename.empty()) j->ename = "Error";
+        add_bytes(before, *j);
+      } else if (t == "status") {
+        const std::string* state = str_field(content, "execution_state");
+        if (state && *state == "idle" && j->running()) {
+          JobStatus st = JobStatus::ok;
+          if (j->ename == "KeyboardInterrupt") st = JobStatus::interrupted;
+          else if (!j->ename.empty() || j->reply_status == "error") st = JobStatus::error;
+          end_locked(*j, st);
+        }
+      }
+      if (bytes_ > limits_.budget_bytes) enforce_locked();
+    }
+    notify();
+    return;
+  }
+  if (m.channel != Channel::shell || m.msg_type != "execute_reply") return;
+  json content = json::parse(m.wire.content, nullptr, false);
+  if (!content.is_object()) return;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = kernels_.find(kernel->id()); it != kernels_.end()) it->second.inflight.erase(m.parent_msg_id);
+    Job* j = by_request_locked(m.parent_msg_id);
+    if (!j) {
+      // Ended by its idle already: the reply can still correct an ok whose error was lost.
+      auto it = std::find_if(jobs_.rbegin(), jobs_.rend(),
+                             [&](auto& p) { return p.second.request == m.parent_msg_id; });
+      if (it != jobs_.rend() && it->second.status == JobStatus::ok &&
+          content.value("status", "") == "error") {
+        auto& done = it->second;
+        done.status = JobStatus::error;
+        if (done.ename.empty()) {
+          if (auto* e = str_field(content, "ename")) done.ename = *e;
+          if (auto* e = str_field(content, "evalue")) done.evalue = strip_ansi(*e);
+        }
+        changed_locked();
+      }
+    } else {
+      std::string status = content.value("status", "");
+      j->reply_status = status;
+      j->reply_at = Clock::now();
+      if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
+      if (m.synthesized) {
+        // kgate answered it: the kernel never ran it, or went away under it.
+        std::string ename = content.value("ename", "");
+        std::string evalue = content.value("evalue", "");
+        bool gone = ename == "KernelDied" || ename == "KernelRestarted" || ename == "KernelShutdown";
+        end_locked(*j, gone ? JobStatus::kernel_lost : JobStatus::aborted, evalue);
+      } else if (status == "aborted") {
+        end_locked(*j, JobStatus::aborted,
+                   "The kernel aborted this request (an earlier cell failed with stop_on_error).");
+      } else if (status == "error" && j->ename.empty()) {
+        std::size_t before = j->bytes();
+        if (auto* e = str_field(content, "ename")) j->ename = *e;
+        if (auto* e = str_field(content, "evalue")) j->evalue = strip_ansi(*e);
+        add_bytes(before, *j);
+      }
+    }
+  }
+  notify();
+}
+
+void JobStore::on_client_message(const KernelPtr& kernel, const ClientMessage& msg) {
+  if (!limits_.enabled || msg.channel != Channel::shell || msg.msg_type != "execute_request" ||
+      msg.route == kAgentRoute)
+    return;
+  json content = json::parse(msg.wire.content, nullptr, false);
+  if (!content.is_object()) return;
+  const std::string* code = str_field(content, "code");
+  if (!code || code->empty()) return;
+  std::lock_guard lk(mu_);
+  auto& inflight = kernels_[kernel->id()].inflight;
+  // Bounded by the kernel's pending table; this cap only guards a misuse of the observer.
+  if (inflight.size() < 100000) inflight.insert(msg.msg_id);
+}
+
+void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
+                                   const std::string& reason) {
+  if (!limits_.enabled) return;
+  {
+    std::lock_guard lk(mu_);
+    auto& pk = kernels_[kernel->id()];
+    pk.inflight.clear();
+    lose_running_locked(kernel->id(), reason);
+    if (event == KernelLifecycle::restarting) {
+      ++pk.generation;
+      ++pk.restarts;
+      marks_.push_back(RestartMark{kernel->id(), counter_, iso_now(), reason});
+      if (marks_.size() > limits_.max_restart_marks) marks_.erase(marks_.begin());
+    }
+    changed_locked();
+  }
+  notify();
+}
+
+void JobStore::on_kernel_removed(const KernelPtr& kernel) {
+  if (!limits_.enabled) return;
+  {
+    std::lock_guard lk(mu_);
+    lose_running_locked(kernel->id(), "the kernel was shut down");
+    kernels_.erase(kernel->id());
+    changed_locked();
+    enforce_locked();
+  }
+  notify();
+}
+
+void JobStore::enforce_locked() {
+  auto evictable = [](const Job& j) { return !j.running() && (j.seen_by_agent || j.origin != JobOrigin::user); };
+  auto erase = [this](std::map<std::uint64_t, Job>::iterator it) {
+    bytes_ -= it->second.bytes();
+    if (!it->second.seen_by_agent) --unseen_;
+    by_request_.erase(it->second.request);
+    return jobs_.erase(it);
+  };
+  // Oldest evictable first, while over the count or the byte budget.
+  for (auto it = jobs_.begin(); it != jobs_.end() && (jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes);) {
+    if (evictable(it->second)) it = erase(it);
+    else ++it;
+  }
+  // What is left over the budget is unseen foreign jobs (and running ones): drop their text,
+  // keep the record, so the agent is still told of them.
+  for (auto it = jobs_.begin(); it != jobs_.end() && bytes_ > limits_.budget_bytes; ++it) {
+    Job& j = it->second;
+    if (j.running() || j.released) continue;
+    std::size_t before = j.bytes();
+    j.output.release();
+    j.result.release();
+    j.traceback.clear();
+    if (j.code.size() > 4096) {
+      std::size_t keep = utf8_head(j.code, 4096);
+      j.code_cut += j.code.size() - keep;
+      j.code.resize(keep);
+      j.code.shrink_to_fit();
+    }
+    j.released = true;
+    j.note += (j.note.empty() ? "" : " ") +
+              std::string("Its output was released: the records were over their memory budget.");
+    add_bytes(before, j);
+  }
+  // Past the unseen cap even those go; the digest counts them.
+  for (auto it = jobs_.begin(); it != jobs_.end() && unseen_ > limits_.max_unseen_jobs;) {
+    if (!it->second.running() && !it->second.seen_by_agent) {
+      if (auto k = kernels_.find(it->second.kernel); k != kernels_.end()) ++k->second.evicted_unseen;
+      it = erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Restart marks before every remaining record say nothing any more.
+  if (!jobs_.empty()) {
+    std::uint64_t oldest = jobs_.begin()->first;
+    marks_.erase(std::remove_if(marks_.begin(), marks_.end(),
+                                [&](const RestartMark& r) { return r.after_job + 1 < oldest; }),
+                 marks_.end());
+  }
+}
+
+void JobStore::sweep() {
+  if (!limits_.enabled) return;
+  {
+    std::lock_guard lk(mu_);
+    auto now = Clock::now();
+    for (auto& [n, j] : jobs_)
+      if (j.running() && j.reply_at && now - *j.reply_at >= limits_.reply_grace) {
+        JobStatus st = JobStatus::ok;
+        if (j.ename == "KeyboardInterrupt") st = JobStatus::interrupted;
+        else if (!j.ename.empty() || j.reply_status == "error") st = JobStatus::error;
+        end_locked(j, st);
+      }
+    // An agent's connection may have been down past its grace: a claim may be free now.
+  }
+  notify();
+}
+
+void JobStore::notify() {
+  bool changed;
+  {
+    std::lock_guard lk(mu_);
+    changed = changed_;
+    changed_ = false;
+  }
+  if (changed && on_change_) on_change_();
+}
+
+// ---------------------------------------------------------------------------------------
+// JobStore: the agent path
+
+bool JobStore::alive_locked(const std::string& agent, Clock::time_point now) const {
+  auto it = agents_.find(agent);
+  if (it == agents_.end()) return false;
+  const Agent& a = it->second;
+  if (a.connections > 0) return true;
+  if (a.exited) return false;
+  return now - a.last_seen < limits_.claim_grace;
+}
+
+ClaimView JobStore::claim_view_locked(const AgentRef& a, Clock::time_point now) const {
+  return ClaimView{a.agent, a.label, alive_locked(a.agent, now)};
+}
+
+static std::string holder_text(const ClaimView& h) {
+  return h.label.empty() ? "agent " + h.agent : h.label + " (agent " + h.agent + ")";
+}
+
+Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
+                         JobOrigin origin, const std::function<void(ClientMessage)>& send) {
+  Outcome out;
+  if (!limits_.enabled) {
+    out.refusal = Refusal::disabled;
+    out.message = "Job records are switched off in this kgate ([records] enabled = false)";
+    return out;
+  }
+  {
+    std::lock_guard lk(mu_);
+    auto now = Clock::now();
+    auto& ag = agents_[agent.agent];
+    ag.last_seen = now;
+    ag.exited = false;
+    if (!agent.label.empty()) ag.label = agent.label;
+    auto& pk = kernels_[kernel];
+    if (pk.claim && pk.claim->agent != agent.agent && alive_locked(pk.claim->agent, now)) {
+      out.refusal = Refusal::claimed;
+      out.holder = claim_view_locked(*pk.claim, now);
+      out.message = "This kernel is in use by another agent, " + holder_text(*out.holder) +
+                    ", and only one agent runs code in a kernel. It cannot be taken over while that "
+                    "agent is alive; the person at the machine can restart it from the observe page.";
+      return out;
+    }
+    if (Job* r = running_locked(kernel)) {
+      out.refusal = Refusal::busy;
+      out.running_job = r->id();
+      bool own = r->origin != JobOrigin::user && r->agent == agent.agent;
+      out.message = own ? r->id() + " (yours) is still running on this kernel; wait for it or stop it "
+                              "before starting another"
+                        : "The " + std::string(r->origin == JobOrigin::user ? "user" : "other agent") +
+                              " is running a cell (" + r->id() + ") in this kernel. Only one job runs "
+                              "at a time and the agent does not queue: wait for it to end.";
+      return out;
+    }
+    if (!pk.inflight.empty()) {
+      out.refusal = Refusal::busy;
+      out.message = "A client of this kernel has a cell queued or running (request " +
+                    *pk.inflight.begin() + "); the agent does not queue: wait for it to end.";
+      return out;
+    }
+    if (pk.claim && pk.claim->agent != agent.agent)
+      spdlog::info("kernel {}: agent {} takes the claim over from {} (gone)", kernel, agent.agent,
+                   pk.claim->agent);
+    pk.claim = agent;
+    if (pk.claim->label.empty()) pk.claim->label = ag.label;
+
+    json header = make_header("execute_request", session_);
+    std::string msg_id = header["msg_id"].get<std::string>();
+    json content = {{"code", code},          {"silent", false},         {"store_history", true},
+                    {"user_expressions", json::object()}, {"allow_stdin", false},
+                    {"stop_on_error", false}};
+    Job& j = create_locked(kernel, origin, msg_id, code);
+    j.agent = agent.agent;
+    j.label = pk.claim->label;
+    out.job = j.id();
+    ClientMessage cm;
+    cm.channel = Channel::shell;
+    cm.msg_id = msg_id;
+    cm.msg_type = "execute_request";
+    cm.route = std::string(kAgentRoute);
+    cm.wire.header = header.dump();
+    cm.wire.parent_header = "{}";
+    cm.wire.metadata = "{}";
+    cm.wire.content = content.dump();
+    send(std::move(cm));  // posts to the I/O thread: the record exists before any reply can
+  }
+  notify();
+  return out;
+}
+
+Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
+                            const std::function<bool()>& interrupt) {
+  Outcome out;
+  out.job = id;
+  {
+    std::lock_guard lk(mu_);
+    auto now = Clock::now();
+    if (agent) {
+      auto& ag = agents_[agent->agent];
+      ag.last_seen = now;
+      ag.exited = false;
+    }
+    Job* j = find_locked(id);
+    if (!j) {
+      out.refusal = Refusal::no_such_job;
+      out.message = "No such job '" + id + "'";
+      return out;
+    }
+    Job* now_running = running_locked(j->kernel);
+    if (now_running && now_running != j) out.running_job = now_running->id();
+    if (!j->running()) {
+      out.refusal = Refusal::not_running;
+      out.message = id + " is no longer running (it ended " + std::string(status_name(j->status)) + ")" +
+                    (out.running_job.empty() ? "; nothing runs on its kernel now."
+                                             : "; " + out.running_job + " is running now. Look at it before deciding to stop it.");
+      return out;
+    }
+    if (agent) {
+      auto& pk = kernels_[j->kernel];
+      if (pk.claim && pk.claim->agent != agent->agent && alive_locked(pk.claim->agent, now)) {
+        out.refusal = Refusal::not_owner;
+        out.holder = claim_view_locked(*pk.claim, now);
+        out.message = "This kernel is held by another agent, " + holder_text(*out.holder) +
+                      "; only its holder (or the person at the machine) may stop its jobs.";
+        return out;
+      }
+      if (j->origin == JobOrigin::user || j->agent != agent->agent) {
+        out.refusal = Refusal::foreign_job;
+        out.message = "Refused: " + id + " was started by " +
+                      (j->origin == JobOrigin::user ? std::string("the user") : "another agent") +
+                      ", not by you; it is not yours to stop. Wait for it (the user can stop it).";
+        return out;
+      }
+    }
+    if (!j->began) {
+      out.refusal = Refusal::not_begun;
+      out.message = id + " has not begun: it is queued in the kernel behind another request, and a "
+                         "stop now would interrupt that one instead.";
+      return out;
+    }
+    if (!interrupt()) {
+      out.refusal = Refusal::no_process;
+      out.message = "The kernel process of " + id + " is not running";
+      return out;
+    }
+    if (!agent) j->stop_note = "Stopped by the person at the machine.";
+    changed_locked();
+  }
+  notify();
+  return out;
+}
+
+Outcome JobStore::restart_gate(const std::string& kernel, const AgentRef* agent) {
+  Outcome out;
+  {
+    std::lock_guard lk(mu_);
+    auto now = Clock::now();
+    auto& pk = kernels_[kernel];
+    if (agent) {
+      auto& ag = agents_[agent->agent];
+      ag.last_seen = now;
+      ag.exited = false;
+      if (pk.claim && pk.claim->agent != agent->agent && alive_locked(pk.claim->agent, now)) {
+        out.refusal = Refusal::not_owner;
+        out.holder = claim_view_locked(*pk.claim, now);
+        out.message = "This kernel is held by another agent, " + holder_text(*out.holder) +
+                      "; only its holder may restart it. Restarting it is the user's to do, from the "
+                      "observe page.";
+        return out;
+      }
+      if (pk.claim && pk.claim->agent != agent->agent) pk.claim.reset();
+    } else {
+      pk.claim.reset();  // the person at the machine clears a stale claim
+    }
+    changed_locked();
+  }
+  notify();
+  return out;
+}
+
+void JobStore::agent_connected(const AgentRef& agent) {
+  std::lock_guard lk(mu_);
+  auto& a = agents_[agent.agent];
+  ++a.connections;
+  a.exited = false;
+  a.last_seen = Clock::now();
+  if (!agent.label.empty()) a.label = agent.label;
+}
+
+void JobStore::agent_disconnected(const std::string& agent, bool clean) {
+  {
+    std::lock_guard lk(mu_);
+    auto it = agents_.find(agent);
+    if (it == agents_.end()) return;
+    auto& a = it->second;
+    if (a.connections > 0) --a.connections;
+    a.last_seen = Clock::now();
+    if (a.connections == 0 && clean) a.exited = true;
+    changed_locked();
+  }
+  notify();
+}
+
+void JobStore::touch_agent(const AgentRef& agent) {
+  std::lock_guard lk(mu_);
+  auto& a = agents_[agent.agent];
+  a.last_seen = Clock::now();
+  a.exited = false;
+  if (!agent.label.empty()) a.label = agent.label;
+}
+
+// ---------------------------------------------------------------------------------------
+// JobStore: reads
+
+std::optional<Job> JobStore::job(const std::string& id) const {
+  std::lock_guard lk(mu_);
+  auto* j = const_cast<JobStore*>(this)->find_locked(id);
+  if (!j) return std::nullopt;
+  return *j;
+}
+
+bool JobStore::is_running(const std::string& id) const {
+  std::lock_guard lk(mu_);
+  auto* j = const_cast<JobStore*>(this)->find_locked(id);
+  return j && j->running();
+}
+
+JobStore::Listing JobStore::list(const std::string& kernel, std::uint64_t after, std::size_t code_chars) const {
+  Listing out;
+  std::lock_guard lk(mu_);
+  out.version = version_;
+  for (auto it = jobs_.upper_bound(after); it != jobs_.end(); ++it) {
+    const Job& j = it->second;
+    if (!kernel.empty() && j.kernel != kernel) continue;
+    Job s;
+    s.n = j.n;
+    s.kernel = j.kernel;
+    s.origin = j.origin;
+    s.agent = j.agent;
+    s.label = j.label;
+    s.request = j.request;
+    std::size_t keep = utf8_head(j.code, code_chars);
+    s.code = j.code.substr(0, keep);
+    s.code_cut = j.code_cut + (j.code.size() - keep);
+    s.status = j.status;
+    s.began = j.began;
+    s.created = j.created;
+    s.began_at = j.began_at;
+    s.ended_at = j.ended_at;
+    s.t_created = j.t_created;
+    s.t_began = j.t_began;
+    s.t_ended = j.t_ended;
+    s.execution_count = j.execution_count;
+    s.ename = j.ename;
+    s.note = j.note;
+    s.seen_by_agent = j.seen_by_agent;
+    s.released = j.released;
+    s.generation = j.generation;
+    out.jobs.push_back(std::move(s));
+  }
+  for (auto& r : marks_)
+    if (kernel.empty() || r.kernel == kernel) out.restarts.push_back(r);
+  return out;
+}
+
+std::vector<Job> JobStore::kernel_jobs(const std::string& kernel) const {
+  std::lock_guard lk(mu_);
+  std::vector<Job> out;
+  for (auto& [n, j] : jobs_)
+    if (j.kernel == kernel) out.push_back(j);
+  return out;
+}
+
+std::vector<RestartMark> JobStore::restarts(const std::string& kernel) const {
+  std::lock_guard lk(mu_);
+  std::vector<RestartMark> out;
+  for (auto& r : marks_)
+    if (r.kernel == kernel) out.push_back(r);
+  return out;
+}
+
+Digest JobStore::digest(const std::string& kernel) const {
+  std::lock_guard lk(mu_);
+  Digest d;
+  auto now = Clock::now();
+  for (auto& [n, j] : jobs_)
+    if (j.kernel == kernel && !j.seen_by_agent)
+      d.jobs.push_back(DigestEntry{j.id(), j.status, j.origin, j.elapsed(now)});
+  if (auto it = kernels_.find(kernel); it != kernels_.end()) d.evicted_unseen = it->second.evicted_unseen;
+  return d;
+}
+
+AckResult JobStore::ack(const std::string& kernel, const AgentRef& agent, const std::vector<std::string>& ids) {
+  AckResult r;
+  {
+    std::lock_guard lk(mu_);
+    auto now = Clock::now();
+    auto& ag = agents_[agent.agent];
+    ag.last_seen = now;
+    ag.exited = false;
+    auto& pk = kernels_[kernel];
+    if (pk.claim && pk.claim->agent != agent.agent && alive_locked(pk.claim->agent, now)) {
+      r.outcome.refusal = Refusal::not_owner;
+      r.outcome.holder = claim_view_locked(*pk.claim, now);
+      r.outcome.message = "Only the kernel's holder, " + holder_text(*r.outcome.holder) +
+                          ", may acknowledge its digest";
+      return r;
+    }
+    for (auto& id : ids) {
+      Job* j = find_locked(id);
+      if (!j || j->kernel != kernel) {
+        r.kept.emplace_back(id, "no such job on this kernel");
+      } else if (j->running()) {
+        r.kept.emplace_back(id, "still running: it is reported again once it has ended");
+      } else {
+        if (!j->seen_by_agent) {
+          j->seen_by_agent = true;
+          --unseen_;
+          changed_locked();
+        }
+        r.acked.push_back(id);
+      }
+    }
+    if (jobs_.size() > limits_.max_jobs) enforce_locked();
+    pk.evicted_unseen = 0;
+  }
+  notify();
+  return r;
+}
+
+KernelRecordInfo JobStore::kernel_info(const std::string& kernel) const {
+  std::lock_guard lk(mu_);
+  KernelRecordInfo info;
+  auto now = Clock::now();
+  if (auto it = kernels_.find(kernel); it != kernels_.end()) {
+    if (it->second.claim) info.claim = claim_view_locked(*it->second.claim, now);
+    info.restarts = it->second.restarts;
+  }
+  if (auto* j = const_cast<JobStore*>(this)->running_locked(kernel)) info.running_job = j->id();
+  return info;
+}
+
+std::uint64_t JobStore::version() const {
+  std::lock_guard lk(mu_);
+  return version_;
+}
+
+std::size_t JobStore::bytes() const {
+  std::lock_guard lk(mu_);
+  return bytes_;
+}
+
+// ---------------------------------------------------------------------------------------
+// Rendering
+
+json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now) {
+  auto opt = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  json o = {{"job", j.id()},
+            {"kernel", j.kernel},
+            {"origin", origin_name(j.origin)},
+            {"agent", opt(j.agent)},
+            {"label", opt(j.label)},
+            {"status", status_name(j.status)},
+            {"began", j.began},
+            {"created", j.created},
+            {"began_at", opt(j.began_at)},
+            {"ended_at", opt(j.ended_at)},
+            {"elapsed", std::round(j.elapsed(now) * 1000.0) / 1000.0},
+            {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},
+            {"code", j.code},
+            {"code_cut", j.code_cut},
+            {"note", j.note},
+            {"seen_by_agent", j.seen_by_agent}};
+  if (full) {
+    o["output"] = std::string(j.output.text());
+    o["output_cut"] = j.output.cut();
+    o["result"] = std::string(j.result.text());
+    o["result_cut"] = j.result.cut();
+    if (j.ename.empty())
+      o["error"] = nullptr;
+    else
+      o["error"] = {{"ename", j.ename}, {"evalue", j.evalue}, {"traceback", j.traceback}};
+  } else {
+    o["ename"] = opt(j.ename);
+  }
+  return o;
+}
+
+json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>& marks,
+                   const KernelSpec* spec) {
+  auto lines = [](const std::string& text) {
+    json arr = json::array();
+    std::size_t i = 0;
+    while (i < text.size()) {
+      auto nl = text.find('\n', i);
+      std::size_t end = nl == std::string::npos ? text.size() : nl + 1;
+      arr.push_back(text.substr(i, end - i));
+      i = end;
+    }
+    return arr;
+  };
+  json cells = json::array();
+  auto now = std::chrono::steady_clock::now();
+  std::size_t mark = 0;
+  auto restart_cell = [&](const RestartMark& r) {
+    cells.push_back({{"cell_type", "markdown"},
+                     {"id", "restart-after-job-" + std::to_string(r.after_job) + "-" + std::to_string(mark)},
+                     {"metadata", json::object()},
+                     {"source", lines("**Kernel restarted** at " + r.at + " (" + r.reason +
+                                      "). The cells above ran in a namespace that is gone; the cells "
+                                      "below do not see their variables.")}});
+  };
+  for (const Job& j : jobs) {
+    while (mark < marks.size() && marks[mark].after_job < j.n) restart_cell(marks[mark++]);
+    std::ostringstream head;
+    head << "# [" << j.id() << " · " << origin_name(j.origin) << " · " << status_name(j.status) << " · "
+         << std::fixed << std::setprecision(2) << j.elapsed(now) << " s · " << j.created << "]\n";
+    json outputs = json::array();
+    if (!j.output.text().empty() || j.output.cut()) {
+      std::string text(j.output.text());
+      if (j.output.cut()) text = "[" + std::to_string(j.output.cut()) + " earlier bytes cut]\n" + text;
+      outputs.push_back({{"output_type", "stream"}, {"name", "stdout"}, {"text", lines(text)}});
+    }
+    if (!j.result.text().empty())
+      outputs.push_back({{"output_type", "execute_result"},
+                         {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},
+                         {"data", {{"text/plain", lines(std::string(j.result.text()))}}},
+                         {"metadata", json::object()}});
+    if (!j.ename.empty())
+      outputs.push_back({{"output_type", "error"}, {"ename", j.ename}, {"evalue", j.evalue}, {"traceback", j.traceback}});
+    if (!j.note.empty())
+      outputs.push_back({{"output_type", "stream"}, {"name", "stderr"}, {"text", lines(j.note + "\n")}});
+    cells.push_back({{"cell_type", "code"},
+                     {"id", j.id()},
+                     {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},
+                     {"metadata",
+                      {{"kgate",
+                        {{"job", j.id()}, {"origin", origin_name(j.origin)}, {"status", status_name(j.status)},
+                         {"elapsed", std::round(j.elapsed(now) * 1000.0) / 1000.0}, {"created", j.created}}}}},
+                     {"source", lines(head.str() + j.code)},
+                     {"outputs", outputs}});
+  }
+  while (mark < marks.size()) restart_cell(marks[mark++]);
+  json meta = json::object();
+  if (spec) {
+    meta["kernelspec"] = {{"name", spec->name}, {"display_name", spec->display_name},
+                          {"language", spec->language}};
+    meta["language_info"] = {{"name", spec->language}};
+  }
+  return {{"nbformat", 4}, {"nbformat_minor", 5}, {"metadata", meta}, {"cells", cells}};
+}
+
+}  // namespace kgate

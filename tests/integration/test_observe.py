@@ -1,0 +1,156 @@
+"""Acceptance 5: the observe page in headless Chromium.
+
+kgate (with a token) runs a kernel with a few agent-path cells; Chromium, driven over the
+DevTools protocol (cdp.py), opens {url}/observe?token=T and must list the kernel's jobs, show a
+job's output on click, and stop a running `time.sleep(60)` cell with its Stop button. A
+screenshot goes to $KGATE_ARTIFACTS/observe.png (default <repo>/build/test-artifacts).
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cdp import CHROMIUM, Chromium
+
+TOKEN = "observe-test-token-5f2c"
+AGENT = "t"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def artifacts_dir():
+    d = Path(os.environ.get("KGATE_ARTIFACTS") or REPO / "build" / "test-artifacts")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium "
+                    "(apt-get install -y --no-install-recommends chromium) to test the observe page")
+    b = Chromium.launch(tmp_path / "chromium-profile")
+    try:
+        yield b
+    finally:
+        b.close()  # SIGKILL to Chromium's process group, whatever the outcome
+
+
+def execute(kg, kernel_id, code, wait=10):
+    status, _, body = kg.rest("POST", f"/api/kgate/kernels/{kernel_id}/execute",
+                              {"code": code, "agent": AGENT, "wait": wait})
+    assert status == 200, f"execute {code!r} -> {status} {body!r}\n{kg.log_tail()}"
+    assert isinstance(body, dict) and str(body.get("job", "")).startswith("job-"), body
+    return body
+
+
+def get_job(kg, job, wait=None):
+    path = f"/api/kgate/jobs/{job}" + (f"?wait={wait}" if wait is not None else "")
+    status, _, body = kg.rest("GET", path)
+    assert status == 200, f"GET {path} -> {status} {body!r}"
+    return body
+
+
+def sel(job):
+    return f'tr.job[data-job="{job}"]'
+
+
+def test_observe_page(kgate_factory, browser):
+    kg = kgate_factory(token=TOKEN)
+
+    # The server side this page needs (clear failures rather than a blank page).
+    status, _, api = kg.rest("GET", "/api")
+    assert status == 200 and isinstance(api, dict) and "kgate" in (api.get("extensions") or {}), (
+        f"GET /api does not advertise extensions.kgate: {status} {api!r}")
+    status, hdrs, page_html = kg.http("GET", f"/observe?token={TOKEN}")
+    assert status == 200 and b"kgate" in page_html, f"GET /observe -> {status} {page_html[:200]!r}"
+    assert "text/html" in hdrs.get("Content-Type", ""), hdrs.get("Content-Type")
+
+    kid = kg.start_kernel()["id"]
+    printed = execute(kg, kid, "print('hello from the observe test')")
+    assert printed["status"] == "ok", printed
+    result = execute(kg, kid, "x = 6 * 7\nx")
+    assert result["status"] == "ok", result
+    failed = execute(kg, kid, "1 / 0")
+    assert failed["status"] == "error", failed
+    jobs = [printed["job"], result["job"], failed["job"]]
+
+    page = browser.page()
+    shot = artifacts_dir() / "observe.png"
+    try:
+        page.navigate(f"{kg.url}/observe?token={TOKEN}")
+
+        # 1. It lists the kernel and its jobs, with their statuses.
+        page.wait_for("document.body.dataset.ready === '1'", timeout=10,
+                      message="the page never loaded the job list")
+        page.wait_for(f"!!document.querySelector('[data-kernel=\"{kid}\"]')", timeout=10,
+                      message=f"kernel {kid} is not listed")
+        for job, st in zip(jobs, ("ok", "ok", "error")):
+            got = page.wait_for(f"(document.querySelector('{sel(job)}') || {{dataset: {{}}}}).dataset.status",
+                                timeout=10, message=f"{job} is not listed")
+            assert got == st, f"{job} is listed as {got!r}, expected {st!r}"
+        attach = page.text(f'[data-kernel="{kid}"] .attach-command')
+        assert attach and kid in attach, f"attach command not shown for {kid}: {attach!r}"
+        # The token came from the URL and is kept for reloads.
+        assert page.evaluate("sessionStorage.getItem('kgate-observe-token')") == TOKEN
+
+        # 2. Clicking a job shows its output (and the result of another).
+        page.click(sel(printed["job"]))
+        page.wait_for(f"document.getElementById('detail').dataset.job === '{printed['job']}' && "
+                      "document.getElementById('detail-output').textContent"
+                      ".includes('hello from the observe test')",
+                      timeout=10, message="the job detail does not show the cell's output")
+        page.click(sel(result["job"]))
+        page.wait_for("document.getElementById('detail-result').textContent.trim() === '42'",
+                      timeout=10, message="the job detail does not show the cell's result")
+        page.click(sel(failed["job"]))
+        page.wait_for("document.getElementById('detail-ename').textContent === 'ZeroDivisionError'",
+                      timeout=10, message="the job detail does not show the cell's error")
+
+        # 3. Stop on a running cell interrupts it.
+        sleeper = execute(kg, kid, "import time; time.sleep(60)", wait=0)
+        sj = sleeper["job"]
+        assert sleeper["status"] == "running", sleeper
+        deadline = time.monotonic() + 10
+        while not get_job(kg, sj).get("began"):
+            assert time.monotonic() < deadline, f"{sj} never began: {get_job(kg, sj)!r}"
+            time.sleep(0.05)
+        time.sleep(0.3)  # let the cell get into time.sleep
+        page.wait_for(f"!!document.querySelector('{sel(sj)}[data-status=\"running\"] [data-action=\"stop\"]')",
+                      timeout=10, message=f"running {sj} has no Stop button")
+        page.click(sel(sj))  # its detail, with the duration ticking, goes in the screenshot
+        page.wait_for(f"document.getElementById('detail').dataset.job === '{sj}'", timeout=10)
+        page.click(f'{sel(sj)} [data-action="stop"]')
+        rec = get_job(kg, sj, wait=15)
+        assert rec["status"] == "interrupted", f"{sj} after Stop: {json.dumps(rec)[:800]}"
+        page.wait_for(f"(document.querySelector('{sel(sj)}') || {{dataset: {{}}}}).dataset.status === 'interrupted'",
+                      timeout=10, message=f"the page does not show {sj} as interrupted")
+        page.wait_for("document.getElementById('detail').dataset.status === 'interrupted' && "
+                      "document.getElementById('detail-ename').textContent === 'KeyboardInterrupt'",
+                      timeout=10, message=f"the job detail does not show {sj} as interrupted")
+        assert not page.evaluate(f"!!document.querySelector('{sel(sj)} [data-action=\"stop\"]')"), (
+            "an interrupted job still has a Stop button")
+        page.evaluate("document.getElementById('message').hidden = true")
+        page.screenshot(shot)  # the kernel, its jobs, and the stopped cell's detail
+
+        # 4. Stopping a job that no longer runs is refused, and the page says why.
+        # (its Stop button is gone, so unhide the detail's one: a click that raced the end)
+        page.evaluate("document.getElementById('detail-stop').hidden = false")
+        page.click("#detail-stop")
+        msg = page.wait_for("(() => { const m = document.getElementById('message-text');"
+                            " return !m.parentNode.hidden && m.parentNode.dataset.kind === 'error'"
+                            " ? m.textContent : ''; })()",
+                            timeout=10, message="a refused Stop shows no message")
+        assert "refused" in msg and sj in msg, f"the refusal is not shown as such: {msg!r}"
+
+        page.drain_events(0.2)
+        assert not page.exceptions, f"JavaScript errors on the page: {page.exceptions}"
+    except BaseException:
+        try:  # a screenshot of the failure; it must not hide the real error
+            page.screenshot(shot)
+        except Exception as exc:
+            print(f"screenshot failed: {exc}")
+        raise
+    assert shot.is_file() and shot.stat().st_size > 1000, f"no screenshot at {shot}"
