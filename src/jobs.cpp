@@ -319,14 +319,21 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         add_bytes(before, *j);
       } else if (t == "status") {
         const std::string* state = str_field(content, "execution_state");
-        if (state && *state == "idle" && j->running()) {
+        if (state && *state == "busy" && j->running() && !j->began) {
+          // Its execute_input was lost, or it is silent (ipykernel echoes no silent cell).
+          j->began = true;
+          j->t_began = Clock::now();
+          j->began_at = iso_now();
+          changed_locked();
+          close_earlier_locked(*j, j->t_began);
+        } else if (state && *state == "idle" && j->running()) {
           JobStatus st = JobStatus::ok;
           if (j->ename == "KeyboardInterrupt") st = JobStatus::interrupted;
           else if (!j->ename.empty() || j->reply_status == "error") st = JobStatus::error;
           end_locked(*j, st);
         }
       }
-      if (bytes_ > limits_.budget_bytes) enforce_locked();
+      if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
     }
     notify();
     return;
@@ -373,6 +380,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         add_bytes(before, *j);
       }
     }
+    if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
   }
   notify();
 }
@@ -385,10 +393,18 @@ void JobStore::on_client_message(const KernelPtr& kernel, const ClientMessage& m
   if (!content.is_object()) return;
   const std::string* code = str_field(content, "code");
   if (!code || code->empty()) return;
-  std::lock_guard lk(mu_);
-  auto& inflight = kernels_[kernel->id()].inflight;
-  // Bounded by the kernel's pending table; this cap only guards a misuse of the observer.
-  if (inflight.size() < 100000) inflight.insert(msg.msg_id);
+  {
+    std::lock_guard lk(mu_);
+    auto& inflight = kernels_[kernel->id()].inflight;
+    // Bounded by the kernel's pending table; this cap only guards a misuse of the observer.
+    if (inflight.size() < 100000) inflight.insert(msg.msg_id);
+    // silent does not hide a cell: it runs with full effect, but ipykernel echoes no
+    // execute_input for it, so a kgate client's silent cell is recorded from its request.
+    auto silent = content.find("silent");
+    if (silent != content.end() && silent->is_boolean() && silent->get<bool>() && !by_request_locked(msg.msg_id))
+      create_locked(kernel->id(), JobOrigin::user, msg.msg_id, *code);
+  }
+  notify();
 }
 
 void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
@@ -406,6 +422,7 @@ void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle even
       if (marks_.size() > limits_.max_restart_marks) marks_.erase(marks_.begin());
     }
     changed_locked();
+    if (jobs_.size() > limits_.max_jobs) enforce_locked();
   }
   notify();
 }
@@ -485,7 +502,7 @@ void JobStore::sweep() {
         else if (!j.ename.empty() || j.reply_status == "error") st = JobStatus::error;
         end_locked(j, st);
       }
-    // An agent's connection may have been down past its grace: a claim may be free now.
+    if (changed_ && jobs_.size() > limits_.max_jobs) enforce_locked();
   }
   notify();
 }

@@ -42,7 +42,8 @@ struct RecordLimits {
 // Text capped at a byte budget that keeps the tail (cut at a UTF-8 boundary).
 class TailText {
  public:
-  explicit TailText(std::size_t cap = 0) : cap_(cap) {}
+  TailText() = default;
+  explicit TailText(std::size_t cap) : cap_(cap) {}
   void append(std::string_view s);
   std::string_view text() const;  // at most cap bytes: the tail
   std::size_t cut() const { return total_ - text().size(); }  // bytes cut from the front
@@ -51,7 +52,7 @@ class TailText {
   void release();  // drops the text (budget pressure); what was held counts as cut
 
  private:
-  std::size_t cap_;
+  std::size_t cap_ = 0;
   std::string buf_;
   std::size_t total_ = 0;
 };
@@ -161,7 +162,7 @@ class JobStore final : public KernelObserver {
 
   // Runs `code` as `agent`: refused while anything runs on the kernel or another live agent holds
   // it; else records the job, takes the claim and calls `send` with the execute_request, all under
-  // the store's lock.  `kernel_dead` is the kernel's state as the caller saw it.
+  // the store's lock.
   Outcome submit(const std::string& kernel, const AgentRef& agent, std::string code, JobOrigin origin,
                  const std::function<void(ClientMessage)>& send);
   // Stops `job` if it still runs: `interrupt` (SIGINT to the kernel process) is called under the

@@ -160,6 +160,19 @@ def test_two_writers_recorded_and_digest(kgate, kernel):
 # 2. Claims
 # --------------------------------------------------------------------------
 
+def test_any_agent_acks_while_unclaimed(kgate, kernel, ws_clients):
+    ws = kgate.connect(kernel)
+    ws_clients.append(ws)
+    ws.run("print('nobody claimed this')")
+    u = wait_for_job(kgate, kernel, lambda j: "nobody" in j["code"] and j["status"] != "running")
+    x = agent_id("agent-x")
+    assert [j["job"] for j in digest(kgate, kernel, x)["jobs"]] == [u["job"]]
+    status, body = digest_ack(kgate, kernel, x, [u["job"]])
+    assert status == 200 and body.get("kept", []) == [], body
+    assert digest(kgate, kernel, agent_id("agent-y"))["jobs"] == []
+    assert kgate_kernel(kgate, kernel)["claim"] is None, "an ack claimed the kernel"
+
+
 def test_claim_refuses_second_agent_until_first_exits(kgate, kernel, ws_clients):
     a, b = agent_id("agent-a"), agent_id("agent-b")
     link = AgentLink(kgate, a, "Agent A")
@@ -215,6 +228,8 @@ def test_claim_refuses_second_agent_until_first_exits(kgate, kernel, ws_clients)
         status, body = agent_execute(kgate, kernel, "print('A again')", a, label="Agent A")
         assert_refusal(status, body, 409, "claimed")
         assert body["holder"]["agent"] == b and "Agent B" in body["message"], body
+        status, _, model = kgate.rest("POST", f"/api/kgate/kernels/{kernel}/restart", {"agent": b})
+        assert status == 200 and model["id"] == kernel, (status, model)
     finally:
         link.close_normally()
 
@@ -306,6 +321,24 @@ def test_agent_refused_while_user_cell_runs(kgate, kernel, ws_clients, via):
     assert kgate_kernel(kgate, kernel)["running_job"] is None
 
 
+def test_agent_refused_while_a_request_awaits_its_reply(kgate, kernel, ws_clients):
+    """A silent cell has no execute_input, so no record: the pending execute_request alone
+    makes the kernel busy."""
+    a = agent_id("agent")
+    ws = kgate.connect(kernel)
+    ws_clients.append(ws)
+    r = ws.execute_async("import time\ntime.sleep(3)", silent=True)
+    ws.wait_for(lambda m: m.get("parent_header", {}).get("msg_id") == r.msg_id
+                and m.get("msg_type") == "status" and m["content"].get("execution_state") == "busy",
+                10, what="busy for the silent cell")
+    status, body = agent_execute(kgate, kernel, "print('agent')", a)
+    assert_refusal(status, body, 409, "busy")
+    assert body["running_job"] is None or get_job(kgate, body["running_job"])["kernel"] == kernel, body
+    assert ws.collect(r).status == "ok"
+    rec = agent_run(kgate, kernel, "print('agent')", a)
+    assert rec["status"] == "ok" and rec["output"] == "agent\n", rec
+
+
 def test_user_cell_waits_behind_agent_cell(kgate, kernel, ws_clients):
     a = agent_id("agent")
     ag = agent_run(kgate, kernel, "import time\ntime.sleep(1.5)\nprint('agent done')", a, wait=0)
@@ -353,6 +386,13 @@ def test_stop_names_its_job(kgate, kernel):
 
         after = agent_run(kgate, kernel, "print('after stop')", a, label="Agent")
         assert after["status"] == "ok" and after["output"] == "after stop\n", after
+
+        # The stock interrupt endpoint is recorded the same way.
+        r2 = agent_run(kgate, kernel, SLEEP30, a, label="Agent", wait=0)
+        wait_began(kgate, r2["job"])
+        status, _, _ = kgate.rest("POST", f"/api/kernels/{kernel}/interrupt")
+        assert status == 204
+        assert wait_job_end(kgate, r2["job"], 10)["status"] == "interrupted"
 
 
 def test_stop_spares_child_processes(kgate, kernel):
@@ -482,6 +522,11 @@ def test_error_interrupted_and_stream_order(kgate, kernel):
     k = agent_run(kgate, kernel, "raise KeyboardInterrupt", a)
     assert k["status"] == "interrupted", k
 
+    t = time.monotonic()
+    i = agent_run(kgate, kernel, "input('name? ')", a)  # allow_stdin is false: fails, never hangs
+    assert i["status"] == "error" and i["error"]["ename"] == "StdinNotImplementedError", i
+    assert time.monotonic() - t < 10
+
     # stop_on_error is false for agent cells: the next cell runs, and streams keep their order.
     s = agent_run(kgate, kernel, "import sys\nprint('out1', flush=True)\n"
                   "print('err1', file=sys.stderr, flush=True)\nprint('out2', flush=True)", a)
@@ -515,9 +560,15 @@ def test_job_ids_count_across_kernels(kgate, kernel):
         assert [j["job"] for j in list_jobs(kgate, kernel)["jobs"]] == [j1["job"], j3["job"]]
         assert [j["job"] for j in list_jobs(kgate, kernel, after=n1)["jobs"]] == [j3["job"]]
         assert [j["job"] for j in list_jobs(kgate, k2)["jobs"]] == [j2["job"]]
+        long_code = "x = 1  # " + "a" * 600
+        lj = agent_run(kgate, k2, long_code, a)
+        summary = [j for j in list_jobs(kgate, k2)["jobs"] if j["job"] == lj["job"]][0]
+        assert summary["code"] == long_code[:240], f"summary code not cut to 240 chars: {len(summary['code'])}"
+        assert "output" not in summary and "result" not in summary and "error" not in summary, summary
+        assert get_job(kgate, lj["job"])["code"] == long_code
         h = agent_run(kgate, k2, "print('host')", a, origin="host")
         assert h["origin"] == "host" and h["agent"] == a and h["output"] == "host\n", h
-        assert job_num(h["job"]) == n3 + 1, h
+        assert job_num(h["job"]) == job_num(lj["job"]) + 1 == n3 + 2, h
     finally:
         kgate.delete_kernel(k2, check=False)
     status, _, body = kgate.rest("GET", "/api/kgate/jobs/job-999999999")
@@ -539,6 +590,7 @@ def test_wait_returns_early_or_partial(kgate, kernel):
     done = get_job(kgate, r["job"], wait=20)
     dt = time.monotonic() - t
     assert done["status"] == "ok" and done["output"] == "slept\n", done
+    assert 2.9 <= done["elapsed"] < 6 and done["ended_at"], done
     assert dt < 5, f"?wait=20 answered {dt:.1f}s later, not when the job ended"
 
     t = time.monotonic()
@@ -570,11 +622,12 @@ def test_wait_returns_early_or_partial(kgate, kernel):
 
 def test_output_cap_keeps_the_tail(kgate_factory, tmp_path):
     cap = 10000
-    kg = kgate_factory(config=records_config(tmp_path, job_output_bytes=cap))
+    kg = kgate_factory(config=records_config(tmp_path, job_output_bytes=cap, job_code_bytes=2048))
     kid = kg.start_kernel()["id"]
+    a = agent_id("agent")
     expected = "".join("%09d\n" % i for i in range(2500))  # 25,000 bytes
     rec = agent_run(kg, kid, "import sys\nfor i in range(2500):\n    sys.stdout.write('%09d\\n' % i)\n",
-                    agent_id("agent"), wait=30)
+                    a, wait=30)
     assert rec["status"] == "ok", rec
     out, cut = rec["output"], rec["output_cut"]
     assert len(out) == cap, f"kept {len(out)} bytes, cap {cap}"
@@ -592,6 +645,16 @@ def test_output_cap_keeps_the_tail(kgate_factory, tmp_path):
     urec = get_job(kg, u["job"])
     assert urec["output"] == expected[-cap:] and urec["output_cut"] == len(expected) - cap, (
         len(urec["output"]), urec["output_cut"])
+    # The result is capped the same way (the tail), the code at job_code_bytes (the head).
+    res = agent_run(kg, kid, "'y' * 30000", a)
+    full = repr("y" * 30000)
+    assert res["result"] == full[-cap:] and res["result_cut"] == len(full) - cap, (
+        len(res["result"]), res["result_cut"])
+    code = "z = 0\n" + "".join("z += %d\n" % i for i in range(800))
+    assert len(code) > 4096
+    c = agent_run(kg, kid, code, a)
+    assert c["status"] == "ok", c
+    assert c["code"] == code[:2048] and c["code_cut"] == len(code) - 2048, (len(c["code"]), c["code_cut"])
 
 
 # --------------------------------------------------------------------------
@@ -661,3 +724,76 @@ def test_notebook_export(kgate, kernel):
     early = [i for i, c in enumerate(nb.cells) if idx[0] < i < idx[2]
              and c.cell_type == "markdown" and "restart" in c.source.lower()]
     assert not early, f"a restart note before the restart: {[nb.cells[i] for i in early]!r}"
+
+
+# --------------------------------------------------------------------------
+# 8. A failing agent cell aborts nothing; eviction; the token; records switched off
+# --------------------------------------------------------------------------
+
+def test_failing_agent_cell_aborts_nothing_of_the_users(kgate, kernel, ws_clients):
+    a = agent_id("agent")
+    ag = agent_run(kgate, kernel, "import time\ntime.sleep(1)\n1/0", a, wait=0)
+    ws = kgate.connect(kernel)
+    ws_clients.append(ws)
+    r = ws.execute("print('user queued')")  # queued in the kernel behind the agent's cell
+    assert r.status == "ok" and r.stdout == "user queued\n", f"the agent's error aborted the user's cell: {r!r}"
+    assert wait_job_end(kgate, ag["job"])["status"] == "error"
+    u = wait_for_job(kgate, kernel, lambda j: "user queued" in j["code"] and j["status"] != "running")
+    assert u["status"] == "ok", u
+
+
+def test_eviction_spares_unseen_foreign_jobs(kgate_factory, tmp_path):
+    kg = kgate_factory(config=records_config(tmp_path, max_jobs=3))
+    kid = kg.start_kernel()["id"]
+    a = agent_id("agent")
+    ws = kg.connect(kid)
+    try:
+        ws.run("print('foreign')")
+    finally:
+        ws.close()
+    u = wait_for_job(kg, kid, lambda j: j["origin"] == "user" and j["status"] != "running")
+    agent_jobs = [agent_run(kg, kid, f"print({i})", a)["job"] for i in range(4)]
+    jobs = [j["job"] for j in list_jobs(kg, kid)["jobs"]]
+    assert jobs == [u["job"]] + agent_jobs[2:], f"evicted the wrong jobs: {jobs}"
+    status, _, _ = kg.rest("GET", f"/api/kgate/jobs/{agent_jobs[0]}")
+    assert status == 404, f"an evicted job is still served: {status}"
+    d = digest(kg, kid, a)
+    assert [j["job"] for j in d["jobs"]] == [u["job"]] and d["evicted_unseen"] == 0, d
+
+    status, body = digest_ack(kg, kid, a, [u["job"]])
+    assert status == 200 and body.get("kept", []) == [], body
+    last = agent_run(kg, kid, "print('last')", a)["job"]
+    jobs = [j["job"] for j in list_jobs(kg, kid)["jobs"]]
+    assert jobs == agent_jobs[2:] + [last], f"a told-of foreign job is not evicted like the rest: {jobs}"
+
+
+def test_extensions_take_the_token(kgate_factory):
+    token = "records-" + uuid.uuid4().hex
+    kg = kgate_factory(token=token)
+    kid = kg.start_kernel()["id"]
+    a = agent_id("agent")
+    for method, path, body in (("GET", f"/api/kgate/jobs?kernel={kid}", None),
+                               ("GET", f"/api/kgate/kernels/{kid}", None),
+                               ("POST", f"/api/kgate/kernels/{kid}/execute", {"code": "1", "agent": a})):
+        status, _, reply = kg.rest(method, path, body, auth=False)
+        assert status == 401, f"{method} {path} without the token -> {status} {reply!r}"
+    with pytest.raises(Exception) as info:
+        AgentLink(type("NoToken", (), {"token": None, "ws_base": kg.ws_base})(), a, "Agent")
+    assert "401" in str(info.value), str(info.value)
+    with AgentLink(kg, a, "Agent"):
+        rec = agent_run(kg, kid, "print('with token')", a, label="Agent")
+        assert rec["output"] == "with token\n", rec
+        assert kgate_kernel(kg, kid)["claim"]["alive"] is True
+    assert not [j for j in list_jobs(kg, kid)["jobs"] if j["code"] == "1"], "an unauthenticated call ran"
+
+
+def test_records_switched_off(kgate_factory, tmp_path):
+    kg = kgate_factory(config=records_config(tmp_path, enabled=False))
+    kid = kg.start_kernel()["id"]
+    status, body = agent_execute(kg, kid, "print(1)", agent_id("agent"))
+    assert status == 503, (status, body)
+    ws = kg.connect(kid)
+    try:
+        assert ws.run("print('still a gateway')") == "still a gateway\n"
+    finally:
+        ws.close()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# kgate session-records benchmark (issue 3's figures): recording on vs off, and memory under 10,000 1 MB cells.
+# usage: bench/records.sh [-h]
+#   env: KGATE_BIN (default <repo>/build/gateway/kgate), REC_PARTS=overhead,memory, REC_N=200, REC_MB=20,
+#        REC_REPS=5, REC_CELLS=10000, REC_CELL_BYTES=1000000, REC_BUDGET=420 (s, overhead part),
+#        REC_OUT=bench/results/records-latest.json, WSBENCH=/work/shared/bench/wsbench.py, REC_KEEP_TMP=1
+# Prints tables on stdout, progress on stderr, raw JSON to bench/results/records-latest.json.
+# Exit status: 0 all steps ran and checks held, 1 a step or check failed (listed under "errors"), 2 usage/setup, 130 interrupted.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${1:-}" in
+  -h|--help) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "usage: bench/records.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
+esac
+py=/usr/bin/python3   # Debian's python has jupyter_server/jupyter_client/ipykernel/websocket-client; pyenv's does not
+if ! "$py" -c 'import jupyter_server, jupyter_client, ipykernel, websocket, zmq' 2>/dev/null; then
+  echo "records: $py lacks jupyter_server/jupyter_client/ipykernel/websocket-client/pyzmq (run scripts/bootstrap.sh)" >&2
+  exit 2
+fi
+exec "$py" "$here/records.py"

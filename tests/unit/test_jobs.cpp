@@ -1,0 +1,536 @@
+// Unit tests for the job records (JobStore): lifecycle from protocol messages, repair of lost
+// messages, the agent path (no queue, claims, stops), the digest, eviction and rendering.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "kgate/jobs.hpp"
+
+using namespace kgate;
+using namespace std::chrono_literals;
+
+namespace {
+
+KernelPtr make_kernel(const std::string& id = "k1") {
+  KernelSpec spec;
+  spec.name = "python3";
+  spec.display_name = "Python 3";
+  spec.language = "python";
+  return std::make_shared<Kernel>(id, spec);
+}
+
+// A message from the kernel with `parent` as its parent msg_id and `session` in its parent header.
+KernelMessagePtr kmsg(Channel ch, const std::string& type, const std::string& parent, const json& content,
+                      const std::string& session = "someone-else") {
+  json ph = parent.empty() ? json::object() : json{{"msg_id", parent}, {"session", session}};
+  auto m = synthesize_message(ch, type, "kernel-session", ph.dump(), content);
+  m.synthesized = false;
+  return std::make_shared<const KernelMessage>(std::move(m));
+}
+
+struct Fixture {
+  RecordLimits limits;
+  std::unique_ptr<JobStore> store;
+  KernelPtr kernel = make_kernel();
+  std::vector<ClientMessage> sent;
+
+  explicit Fixture(RecordLimits l = {}) : limits(l), store(std::make_unique<JobStore>(l)) {}
+
+  void iopub(const std::string& type, const std::string& parent, const json& content,
+             const std::string& session = "someone-else") {
+    store->on_kernel_message(kernel, kmsg(Channel::iopub, type, parent, content, session));
+  }
+  void reply(const std::string& parent, const json& content) {
+    store->on_kernel_message(kernel, kmsg(Channel::shell, "execute_reply", parent, content));
+  }
+  // A foreign cell seen only on iopub (a client attached by connection file).
+  void foreign_begin(const std::string& req, const std::string& code) {
+    iopub("status", req, {{"execution_state", "busy"}});
+    iopub("execute_input", req, {{"code", code}, {"execution_count", 1}});
+  }
+  void idle(const std::string& req) { iopub("status", req, {{"execution_state", "idle"}}); }
+
+  Outcome submit(const std::string& agent, const std::string& code, const std::string& label = "") {
+    return store->submit(kernel->id(), AgentRef{agent, label}, code, JobOrigin::mcp,
+                         [this](ClientMessage m) { sent.push_back(std::move(m)); });
+  }
+  std::string last_request() const { return sent.back().msg_id; }
+  Job job(const std::string& id) const {
+    auto j = store->job(id);
+    EXPECT_TRUE(j.has_value()) << id;
+    return j ? *j : Job{};
+  }
+};
+
+}  // namespace
+
+TEST(JobStore, AgentCellLifecycle) {
+  Fixture f;
+  auto out = f.submit("a", "print(1)\n1+1");
+  ASSERT_TRUE(out) << out.message;
+  EXPECT_EQ(out.job, "job-1");
+  ASSERT_EQ(f.sent.size(), 1u);
+  const auto& m = f.sent[0];
+  EXPECT_EQ(m.msg_type, "execute_request");
+  EXPECT_EQ(m.route, kAgentRoute);
+  json content = json::parse(m.wire.content);
+  EXPECT_EQ(content["stop_on_error"], false);
+  EXPECT_EQ(content["allow_stdin"], false);
+  EXPECT_EQ(json::parse(m.wire.header)["session"], f.store->session());
+
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::running);
+  EXPECT_FALSE(j.began);  // sent, not yet begun
+  EXPECT_TRUE(j.seen_by_agent);
+
+  std::string req = f.last_request();
+  f.iopub("status", req, {{"execution_state", "busy"}}, f.store->session());
+  f.iopub("execute_input", req, {{"code", "print(1)\n1+1"}, {"execution_count", 4}}, f.store->session());
+  EXPECT_TRUE(f.job("job-1").began);
+  f.iopub("stream", req, {{"name", "stdout"}, {"text", "1\n"}}, f.store->session());
+  f.iopub("display_data", req, {{"data", {{"text/plain", "<Figure>"}}}}, f.store->session());
+  f.iopub("execute_result", req, {{"data", {{"text/plain", "2"}}}, {"execution_count", 4}}, f.store->session());
+  f.iopub("status", req, {{"execution_state", "idle"}}, f.store->session());
+  j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::ok);
+  EXPECT_EQ(j.output.text(), "1\n");
+  EXPECT_EQ(j.result.text(), "2");  // display_data is not recorded
+  EXPECT_EQ(j.execution_count, 4);
+  EXPECT_FALSE(j.ended_at.empty());
+}
+
+TEST(JobStore, ForeignCellsAndDigest) {
+  Fixture f;
+  f.foreign_begin("u1", "x = 1");
+  f.iopub("stream", "u1", {{"name", "stderr"}, {"text", "warn\n"}});
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.origin, JobOrigin::user);
+  EXPECT_TRUE(j.began);
+  EXPECT_FALSE(j.seen_by_agent);
+
+  // Empty code (qtconsole's prompt-number request) is never a cell.
+  f.iopub("execute_input", "u2", {{"code", ""}, {"execution_count", 2}});
+  EXPECT_FALSE(f.store->job("job-2"));
+
+  auto d = f.store->digest(f.kernel->id());
+  ASSERT_EQ(d.jobs.size(), 1u);
+  EXPECT_EQ(d.jobs[0].job, "job-1");
+  EXPECT_EQ(d.jobs[0].status, JobStatus::running);
+
+  // A running job is kept, not retired; reading never consumes.
+  auto ack = f.store->ack(f.kernel->id(), AgentRef{"a", ""}, {"job-1"});
+  EXPECT_TRUE(ack.acked.empty());
+  ASSERT_EQ(ack.kept.size(), 1u);
+  EXPECT_EQ(f.store->digest(f.kernel->id()).jobs.size(), 1u);
+
+  f.idle("u1");
+  EXPECT_EQ(f.job("job-1").status, JobStatus::ok);
+  EXPECT_EQ(f.job("job-1").output.text(), "warn\n");
+  ack = f.store->ack(f.kernel->id(), AgentRef{"a", ""}, {"job-1", "job-99"});
+  EXPECT_EQ(ack.acked, std::vector<std::string>{"job-1"});
+  ASSERT_EQ(ack.kept.size(), 1u);
+  EXPECT_EQ(ack.kept[0].first, "job-99");
+  EXPECT_TRUE(f.store->digest(f.kernel->id()).jobs.empty());
+}
+
+TEST(JobStore, OwnSessionWithoutRecordIsNotForeign) {
+  Fixture f;
+  f.iopub("execute_input", "x", {{"code", "1"}}, f.store->session());
+  EXPECT_FALSE(f.store->job("job-1"));
+}
+
+TEST(JobStore, ErrorsAndInterrupts) {
+  Fixture f;
+  f.foreign_begin("u1", "1/0");
+  f.iopub("error", "u1", {{"ename", "ZeroDivisionError"}, {"evalue", "division by zero"},
+                          {"traceback", {"\x1b[31mZeroDivisionError\x1b[0m: division by zero"}}});
+  f.idle("u1");
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::error);
+  EXPECT_EQ(j.ename, "ZeroDivisionError");
+  ASSERT_EQ(j.traceback.size(), 1u);
+  EXPECT_EQ(j.traceback[0], "ZeroDivisionError: division by zero");  // ANSI stripped
+
+  f.foreign_begin("u2", "while True: pass");
+  f.iopub("error", "u2", {{"ename", "KeyboardInterrupt"}, {"evalue", ""}, {"traceback", json::array()}});
+  f.idle("u2");
+  EXPECT_EQ(f.job("job-2").status, JobStatus::interrupted);
+}
+
+TEST(JobStore, LostIdleIsRepairedByTheNextCell) {
+  Fixture f;
+  f.foreign_begin("u1", "a = 1");
+  // u1's idle is lost; u2 begins and ends.
+  f.foreign_begin("u2", "b = 2");
+  EXPECT_EQ(f.job("job-1").status, JobStatus::end_not_recorded);
+  EXPECT_FALSE(f.job("job-1").note.empty());
+  EXPECT_EQ(f.job("job-2").status, JobStatus::running);
+  f.idle("u2");
+  EXPECT_EQ(f.job("job-2").status, JobStatus::ok);
+}
+
+TEST(JobStore, ReplyBacksUpALostIdle) {
+  RecordLimits l;
+  l.reply_grace = 0ms;
+  Fixture f(l);
+  ASSERT_TRUE(f.submit("a", "1"));
+  std::string req = f.last_request();
+  f.iopub("execute_input", req, {{"code", "1"}}, f.store->session());
+  f.reply(req, {{"status", "error"}, {"ename", "ValueError"}, {"evalue", "bad"}});
+  f.store->sweep();
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::error);  // the lost iopub error is recovered from the reply
+  EXPECT_EQ(j.ename, "ValueError");
+}
+
+TEST(JobStore, ReplyGraceWaitsForTheIdle) {
+  Fixture f;  // reply_grace 5 s
+  ASSERT_TRUE(f.submit("a", "print('x')"));
+  std::string req = f.last_request();
+  f.iopub("execute_input", req, {{"code", "print('x')"}}, f.store->session());
+  f.reply(req, {{"status", "ok"}});
+  f.store->sweep();
+  EXPECT_EQ(f.job("job-1").status, JobStatus::running);  // output may still come on iopub
+  f.iopub("stream", req, {{"name", "stdout"}, {"text", "x\n"}}, f.store->session());
+  f.iopub("status", req, {{"execution_state", "idle"}}, f.store->session());
+  EXPECT_EQ(f.job("job-1").status, JobStatus::ok);
+  EXPECT_EQ(f.job("job-1").output.text(), "x\n");
+}
+
+TEST(JobStore, AbortedAndRefusedRequests) {
+  Fixture f;
+  ASSERT_TRUE(f.submit("a", "1"));
+  f.reply(f.last_request(), {{"status", "aborted"}});
+  EXPECT_EQ(f.job("job-1").status, JobStatus::aborted);
+
+  ASSERT_TRUE(f.submit("a", "2"));
+  json ph = {{"msg_id", f.last_request()}};
+  auto m = synthesize_message(Channel::shell, "execute_reply", "kgate", ph.dump(),
+                              {{"status", "error"}, {"ename", "KernelDied"}, {"evalue", "kgate: the kernel died"}});
+  f.store->on_kernel_message(f.kernel, std::make_shared<const KernelMessage>(std::move(m)));
+  EXPECT_EQ(f.job("job-2").status, JobStatus::kernel_lost);
+}
+
+TEST(JobStore, DeathAndRestart) {
+  Fixture f;
+  f.foreign_begin("u1", "import time; time.sleep(60)");
+  f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::died, "the kernel was killed by signal SIGKILL");
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::kernel_lost);
+  EXPECT_NE(j.note.find("SIGKILL"), std::string::npos);
+
+  f.foreign_begin("u2", "x = 1");
+  f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::restarting, "the kernel was restarted");
+  EXPECT_EQ(f.job("job-2").status, JobStatus::kernel_lost);
+  auto marks = f.store->restarts(f.kernel->id());
+  ASSERT_EQ(marks.size(), 1u);
+  EXPECT_EQ(marks[0].after_job, 2u);
+  f.foreign_begin("u3", "y = 2");
+  EXPECT_EQ(f.job("job-3").generation, 1u);  // ids keep counting, records survive
+  EXPECT_TRUE(f.store->job("job-1"));
+  EXPECT_EQ(f.store->kernel_info(f.kernel->id()).restarts, 1u);
+}
+
+TEST(JobStore, TheAgentDoesNotQueue) {
+  Fixture f;
+  f.foreign_begin("u1", "import time; time.sleep(5)");
+  auto out = f.submit("a", "1");
+  EXPECT_EQ(out.refusal, Refusal::busy);
+  EXPECT_EQ(out.running_job, "job-1");
+  EXPECT_NE(out.message.find("user"), std::string::npos);
+  EXPECT_TRUE(f.sent.empty());
+  f.idle("u1");
+  EXPECT_TRUE(f.submit("a", "1"));
+
+  // A websocket client's execute_request still awaiting its reply counts as running.
+  f.iopub("status", f.last_request(), {{"execution_state", "idle"}}, f.store->session());
+  ClientMessage cm;
+  cm.channel = Channel::shell;
+  cm.msg_type = "execute_request";
+  cm.msg_id = "ws-1";
+  cm.route = "client-1";
+  cm.wire.content = json{{"code", "x = 1"}}.dump();
+  f.store->on_client_message(f.kernel, cm);
+  EXPECT_EQ(f.submit("a", "2").refusal, Refusal::busy);
+  f.reply("ws-1", {{"status", "ok"}});
+  EXPECT_TRUE(f.submit("a", "2"));
+  // The agent's own running cell: refused, and the message says it is its own.
+  out = f.submit("a", "3");
+  EXPECT_EQ(out.refusal, Refusal::busy);
+  EXPECT_NE(out.message.find("yours"), std::string::npos);
+}
+
+TEST(JobStore, ClaimsHoldWhileTheAgentIsAlive) {
+  RecordLimits l;
+  l.claim_grace = 100ms;
+  Fixture f(l);
+  f.store->agent_connected(AgentRef{"a", "Claude A"});
+  ASSERT_TRUE(f.submit("a", "1"));
+  f.idle(f.last_request());
+  auto out = f.submit("b", "2", "Claude B");
+  EXPECT_EQ(out.refusal, Refusal::claimed);
+  ASSERT_TRUE(out.holder);
+  EXPECT_EQ(out.holder->label, "Claude A");
+  EXPECT_NE(out.message.find("Claude A"), std::string::npos);
+
+  // An abnormal drop keeps the claim for the grace period.
+  f.store->agent_disconnected("a", /*clean=*/false);
+  EXPECT_EQ(f.submit("b", "2").refusal, Refusal::claimed);
+  std::this_thread::sleep_for(150ms);
+  ASSERT_TRUE(f.submit("b", "2"));  // a is gone: b resumes the kernel
+  EXPECT_EQ(f.store->kernel_info(f.kernel->id()).claim->agent, "b");
+  f.idle(f.last_request());
+
+  // A clean close frees it at once.
+  f.store->agent_connected(AgentRef{"b", ""});
+  EXPECT_EQ(f.submit("c", "3").refusal, Refusal::claimed);
+  f.store->agent_disconnected("b", /*clean=*/true);
+  EXPECT_TRUE(f.submit("c", "3"));
+}
+
+TEST(JobStore, HumansAreNeverGated) {
+  Fixture f;
+  f.store->agent_connected(AgentRef{"a", ""});
+  ASSERT_TRUE(f.submit("a", "1"));
+  f.idle(f.last_request());
+  f.foreign_begin("u1", "x = 1");  // recorded whatever the claim
+  EXPECT_EQ(f.job("job-2").origin, JobOrigin::user);
+}
+
+TEST(JobStore, StopNamesItsJob) {
+  Fixture f;
+  f.store->agent_connected(AgentRef{"a", ""});
+  int signals = 0;
+  auto sig = [&] { ++signals; return true; };
+  ASSERT_TRUE(f.submit("a", "1"));
+  std::string r1 = f.last_request();
+  // Not begun yet (queued in the kernel): a stop would hit another cell.
+  EXPECT_EQ(f.store->interrupt("job-1", nullptr, sig).refusal, Refusal::not_begun);
+  f.iopub("execute_input", r1, {{"code", "1"}}, f.store->session());
+  f.idle(r1);
+  f.foreign_begin("u1", "import time; time.sleep(60)");
+
+  AgentRef a{"a", ""};
+  auto out = f.store->interrupt("job-1", &a, sig);
+  EXPECT_EQ(out.refusal, Refusal::not_running);
+  EXPECT_EQ(out.running_job, "job-2");
+  EXPECT_NE(out.message.find("job-2"), std::string::npos);
+  EXPECT_EQ(f.store->interrupt("job-2", &a, sig).refusal, Refusal::foreign_job);
+  AgentRef b{"b", ""};
+  EXPECT_EQ(f.store->interrupt("job-2", &b, sig).refusal, Refusal::not_owner);
+  EXPECT_EQ(f.store->interrupt("job-77", nullptr, sig).refusal, Refusal::no_such_job);
+  EXPECT_EQ(signals, 0);
+  // The person at the machine may stop anything.
+  EXPECT_TRUE(f.store->interrupt("job-2", nullptr, sig));
+  EXPECT_EQ(signals, 1);
+  f.iopub("error", "u1", {{"ename", "KeyboardInterrupt"}, {"evalue", ""}});
+  f.idle("u1");
+  Job j = f.job("job-2");
+  EXPECT_EQ(j.status, JobStatus::interrupted);
+  EXPECT_NE(j.note.find("person"), std::string::npos);
+
+  // An agent stops its own job; the signal runs under the store's lock.
+  ASSERT_TRUE(f.submit("a", "import time; time.sleep(60)"));
+  f.iopub("execute_input", f.last_request(), {{"code", "x"}}, f.store->session());
+  EXPECT_TRUE(f.store->interrupt("job-3", &a, [&] {
+    EXPECT_TRUE(f.store->limits().enabled);  // the lock is not re-entered here
+    return true;
+  }));
+}
+
+TEST(JobStore, RestartGate) {
+  Fixture f;
+  f.store->agent_connected(AgentRef{"a", ""});
+  ASSERT_TRUE(f.submit("a", "1"));
+  f.idle(f.last_request());
+  AgentRef b{"b", ""};
+  EXPECT_EQ(f.store->restart_gate(f.kernel->id(), &b).refusal, Refusal::not_owner);
+  AgentRef a{"a", ""};
+  EXPECT_TRUE(f.store->restart_gate(f.kernel->id(), &a));
+  EXPECT_EQ(f.store->kernel_info(f.kernel->id()).claim->agent, "a");  // the holder keeps it
+  EXPECT_TRUE(f.store->restart_gate(f.kernel->id(), nullptr));      // the person clears it
+  EXPECT_FALSE(f.store->kernel_info(f.kernel->id()).claim);
+  EXPECT_TRUE(f.submit("b", "2"));
+}
+
+TEST(JobStore, AckIsTheHoldersOnly) {
+  Fixture f;
+  f.store->agent_connected(AgentRef{"a", ""});
+  ASSERT_TRUE(f.submit("a", "1"));
+  f.idle(f.last_request());
+  f.foreign_begin("u1", "x = 1");
+  f.idle("u1");
+  auto r = f.store->ack(f.kernel->id(), AgentRef{"b", ""}, {"job-2"});
+  EXPECT_EQ(r.outcome.refusal, Refusal::not_owner);
+  EXPECT_EQ(f.store->digest(f.kernel->id()).jobs.size(), 1u);
+  r = f.store->ack(f.kernel->id(), AgentRef{"a", ""}, {"job-2"});
+  EXPECT_TRUE(r.outcome);
+  EXPECT_TRUE(f.store->digest(f.kernel->id()).jobs.empty());
+}
+
+TEST(TailText, KeepsTheTailAndCountsTheCut) {
+  TailText t(10);
+  std::string all;
+  for (int i = 0; i < 100; ++i) {
+    std::string s = std::to_string(i) + ",";
+    t.append(s);
+    all += s;
+  }
+  EXPECT_EQ(t.text(), all.substr(all.size() - 10));
+  EXPECT_EQ(t.cut(), all.size() - 10);
+  EXPECT_LE(t.held(), 20u);
+  EXPECT_EQ(t.total(), all.size());
+}
+
+TEST(TailText, CutsAtAUtf8Boundary) {
+  TailText t(5);
+  t.append("ééééééééééé");  // 2-byte characters
+  auto s = t.text();
+  EXPECT_LE(s.size(), 5u);
+  EXPECT_NE(static_cast<unsigned char>(s[0]) & 0xC0, 0x80);  // not a continuation byte
+  EXPECT_EQ(t.cut() + s.size(), t.total());
+}
+
+TEST(JobStore, OutputCapKeepsTheTail) {
+  RecordLimits l;
+  l.job_output_bytes = 1024;
+  Fixture f(l);
+  f.foreign_begin("u1", "for i in range(1000): print(i)");
+  std::string all;
+  for (int i = 0; i < 1000; ++i) {
+    std::string s = std::to_string(i) + "\n";
+    all += s;
+    f.iopub("stream", "u1", {{"name", "stdout"}, {"text", s}});
+  }
+  f.idle("u1");
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.output.text(), all.substr(all.size() - 1024));
+  EXPECT_EQ(j.output.cut(), all.size() - 1024);
+  json full = job_json(j, true, std::chrono::steady_clock::now());
+  EXPECT_EQ(full["output_cut"], all.size() - 1024);
+}
+
+TEST(JobStore, CodeCapKeepsTheHead) {
+  RecordLimits l;
+  l.job_code_bytes = 1024;
+  Fixture f(l);
+  std::string code(5000, 'x');
+  ASSERT_TRUE(f.submit("a", code));
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.code.size(), 1024u);
+  EXPECT_EQ(j.code_cut, 5000u - 1024u);
+}
+
+TEST(JobStore, EvictionSparesRunningAndUnseenJobs) {
+  RecordLimits l;
+  l.max_jobs = 3;
+  Fixture f(l);
+  f.store->agent_connected(AgentRef{"a", ""});
+  f.foreign_begin("u0", "unseen = 1");  // job-1: foreign, not yet told of
+  f.idle("u0");
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(f.submit("a", "x = " + std::to_string(i)));
+    f.idle(f.last_request());
+  }
+  EXPECT_TRUE(f.store->job("job-1"));   // never evicted before the agent is told
+  EXPECT_FALSE(f.store->job("job-2"));  // the oldest seen ones went
+  EXPECT_TRUE(f.store->job("job-6"));
+  EXPECT_EQ(f.store->list("", 0, 100).jobs.size(), 3u);
+  f.store->ack(f.kernel->id(), AgentRef{"a", ""}, {"job-1"});
+  ASSERT_TRUE(f.submit("a", "y = 1"));
+  f.idle(f.last_request());
+  EXPECT_FALSE(f.store->job("job-1"));  // told, so it can go now
+}
+
+TEST(JobStore, BudgetReleasesTextAndUnseenCapCounts) {
+  RecordLimits l;
+  l.budget_bytes = 1 << 16;
+  l.max_unseen_jobs = 3;
+  Fixture f(l);
+  for (int i = 0; i < 6; ++i) {
+    std::string req = "u" + std::to_string(i);
+    f.foreign_begin(req, "print('x' * 30000)");
+    f.iopub("stream", req, {{"name", "stdout"}, {"text", std::string(30000, 'x')}});
+    f.idle(req);
+  }
+  EXPECT_LE(f.store->bytes(), l.budget_bytes);
+  auto d = f.store->digest(f.kernel->id());
+  EXPECT_EQ(d.jobs.size(), 3u);
+  EXPECT_EQ(d.evicted_unseen, 3u);
+  bool released = false;
+  for (auto& e : d.jobs) released |= f.job(e.job).released;
+  EXPECT_TRUE(released);
+}
+
+TEST(JobStore, DisabledRecordsNothing) {
+  RecordLimits l;
+  l.enabled = false;
+  Fixture f(l);
+  f.foreign_begin("u1", "x = 1");
+  EXPECT_FALSE(f.store->job("job-1"));
+  EXPECT_EQ(f.submit("a", "1").refusal, Refusal::disabled);
+}
+
+TEST(JobStore, VersionChangesAndNotifies) {
+  Fixture f;
+  int calls = 0;
+  f.store->set_on_change([&] { ++calls; });
+  auto v0 = f.store->version();
+  f.foreign_begin("u1", "x = 1");
+  EXPECT_GT(f.store->version(), v0);
+  EXPECT_GT(calls, 0);
+  int before = calls;
+  f.iopub("stream", "u1", {{"name", "stdout"}, {"text", "x"}});  // output is not a lifecycle change
+  EXPECT_EQ(calls, before);
+}
+
+TEST(Notebook, JobsInOrderWithRestarts) {
+  Fixture f;
+  f.foreign_begin("u1", "a = 1\nprint(a)");
+  f.iopub("stream", "u1", {{"name", "stdout"}, {"text", "1\n"}});
+  f.idle("u1");
+  f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::restarting, "the kernel was restarted");
+  f.foreign_begin("u2", "1/0");
+  f.iopub("error", "u2", {{"ename", "ZeroDivisionError"}, {"evalue", "x"}, {"traceback", {"tb"}}});
+  f.idle("u2");
+  json nb = notebook_json(f.store->kernel_jobs(f.kernel->id()), f.store->restarts(f.kernel->id()),
+                          &f.kernel->spec());
+  EXPECT_EQ(nb["nbformat"], 4);
+  ASSERT_EQ(nb["cells"].size(), 3u);
+  EXPECT_EQ(nb["cells"][0]["cell_type"], "code");
+  EXPECT_EQ(nb["cells"][0]["source"][0].get<std::string>().rfind("# [job-1 · user · ok", 0), 0u);
+  EXPECT_EQ(nb["cells"][0]["outputs"][0]["text"][0], "1\n");
+  EXPECT_EQ(nb["cells"][1]["cell_type"], "markdown");
+  EXPECT_EQ(nb["cells"][2]["outputs"][0]["output_type"], "error");
+  EXPECT_EQ(nb["metadata"]["kernelspec"]["name"], "python3");
+}
+
+TEST(StripAnsi, RemovesCsiAndOsc) {
+  EXPECT_EQ(strip_ansi("\x1b[1;31mred\x1b[0m plain"), "red plain");
+  EXPECT_EQ(strip_ansi("\x1b]8;;http://x\x07link\x1b]8;;\x07"), "link");
+  EXPECT_EQ(strip_ansi("tail\x1b"), "tail");
+  EXPECT_EQ(strip_ansi("no escapes"), "no escapes");
+}
+
+TEST(JobStore, SilentCellsOfKgateClientsAreRecorded) {
+  Fixture f;
+  ClientMessage cm;
+  cm.channel = Channel::shell;
+  cm.msg_type = "execute_request";
+  cm.msg_id = "ws-silent";
+  cm.route = "client-1";
+  cm.wire.content = json{{"code", "secret = 42"}, {"silent", true}}.dump();
+  f.store->on_client_message(f.kernel, cm);
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.origin, JobOrigin::user);
+  EXPECT_FALSE(j.began);
+  f.iopub("status", "ws-silent", {{"execution_state", "busy"}});
+  EXPECT_TRUE(f.job("job-1").began);
+  f.idle("ws-silent");
+  EXPECT_EQ(f.job("job-1").status, JobStatus::ok);
+  // An empty silent request (qtconsole's prompt number) is never a cell.
+  cm.msg_id = "ws-empty";
+  cm.wire.content = json{{"code", ""}, {"silent", true}}.dump();
+  f.store->on_client_message(f.kernel, cm);
+  EXPECT_FALSE(f.store->job("job-2"));
+}
