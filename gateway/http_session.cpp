@@ -96,6 +96,9 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
 
 void HttpSession::write(Response res) {
   bool keep_alive = res.keep_alive();
+  // A response may come long after the read (a wait of up to 600 s): give the write its own
+  // deadline rather than what is left of the read's.
+  stream_.expires_after(kReadTimeout);
   res_ = std::make_shared<Response>(std::move(res));
   http::async_write(stream_, *res_,
                     beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
