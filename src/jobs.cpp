@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include <simdjson.h>
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
@@ -20,7 +21,7 @@ constexpr std::string_view kEndLost =
     "output is complete as far as it goes.";
 
 // The first byte at or after `i` that starts a UTF-8 sequence.
-std::size_t utf8_boundary(const std::string& s, std::size_t i) {
+std::size_t utf8_boundary(std::string_view s, std::size_t i) {
   while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
   return i;
 }
@@ -42,6 +43,40 @@ std::optional<int> int_field(const json& j, const char* key) {
   auto it = j.find(key);
   if (it != j.end() && it->is_number_integer()) return it->get<int>();
   return std::nullopt;
+}
+
+// The unescaped "text" of a stream message's content, parsed with simdjson: output is the
+// bulk of what kernels send, and this runs on the kernel I/O thread for every stream message
+// of a recorded cell.
+// Messages up to kReusedParserBytes reuse one parser per thread; a bigger one (a flood sends
+// messages of 1-16 MB) gets a parser of its own that is freed with it, so the buffers a parser
+// grows to are not kept for the life of the thread.
+constexpr std::size_t kReusedParserBytes = 256u << 10;
+
+struct StreamParser {
+  simdjson::ondemand::parser parser;
+  simdjson::padded_string padded;
+  simdjson::ondemand::document doc;
+  bool text(const std::string& content, std::string_view& out) {
+    padded = simdjson::padded_string(content);
+    if (parser.iterate(padded).get(doc)) return false;
+    return !doc["text"].get_string().get(out);
+  }
+};
+
+template <class Fn>
+bool with_stream_text(const std::string& content, Fn&& fn) {
+  std::string_view text;
+  if (content.size() <= kReusedParserBytes) {
+    static thread_local StreamParser reused;
+    if (!reused.text(content, text)) return false;
+    fn(text);
+    return true;
+  }
+  StreamParser own;
+  if (!own.text(content, text)) return false;
+  fn(text);
+  return true;
 }
 
 }  // namespace
@@ -115,6 +150,13 @@ std::string strip_ansi(std::string_view s) {
 
 void TailText::append(std::string_view s) {
   total_ += s.size();
+  if (cap_ && s.size() >= cap_) {
+    // A piece as big as the cap replaces what was kept; only its tail is copied, and a buffer
+    // grown by an earlier huge piece is given back.
+    buf_.assign(s.substr(utf8_boundary(s, s.size() - cap_)));
+    if (buf_.capacity() > 2 * cap_ + 64) buf_.shrink_to_fit();
+    return;
+  }
   buf_.append(s);
   // Compact only past twice the cap, so appends stay amortised O(1).
   if (cap_ && buf_.size() > 2 * cap_) {
@@ -176,13 +218,23 @@ Job* JobStore::by_request_locked(const std::string& request) {
 Job* JobStore::running_locked(const std::string& kernel) {
   // Newest first: the one that began wins over a queued one.
   Job* queued = nullptr;
-  for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
-    auto& j = it->second;
-    if (j.kernel != kernel || !j.running()) continue;
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    auto& j = jobs_.at(*it);
+    if (j.kernel != kernel) continue;
     if (j.began) return &j;
     queued = &j;
   }
   return queued;
+}
+
+void JobStore::finished_locked(Job& j) {
+  running_.erase(j.n);
+  by_request_.erase(j.request);
+  // Its execute_reply usually comes after its idle: keep the request a little longer.
+  recent_.emplace_back(j.request, j.n);
+  if (recent_.size() > 256) recent_.pop_front();
+  if (j.seen_by_agent || j.origin != JobOrigin::user) evictable_.insert(j.n);
+  changed_locked();
 }
 
 Job& JobStore::create_locked(const std::string& kernel, JobOrigin origin, std::string request,
@@ -204,6 +256,7 @@ Job& JobStore::create_locked(const std::string& kernel, JobOrigin origin, std::s
   if (!j.seen_by_agent) ++unseen_;
   bytes_ += j.bytes();
   if (!j.request.empty()) by_request_[j.request] = j.n;
+  running_.insert(j.n);
   auto [it, _] = jobs_.emplace(j.n, std::move(j));
   changed_locked();
   return it->second;
@@ -222,14 +275,18 @@ void JobStore::end_locked(Job& j, JobStatus status, std::string note) {
   if (!note.empty()) j.note = std::move(note);
   else if (status != JobStatus::ok && !j.stop_note.empty()) j.note = j.stop_note;
   add_bytes(before, j);
-  by_request_.erase(j.request);
-  changed_locked();
+  finished_locked(j);
   close_earlier_locked(j, j.began ? j.t_began : j.t_created);
 }
 
 void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
   // Cells run one at a time: any other cell of this kernel that began before `since` has ended.
-  for (auto& [n, other] : jobs_) {
+  // Only running jobs are looked at (a handful), never the whole record.
+  std::vector<std::uint64_t> running(running_.begin(), running_.end());
+  for (auto n : running) {
+    auto it = jobs_.find(n);
+    if (it == jobs_.end()) continue;
+    Job& other = it->second;
     if (&other == &j || other.kernel != j.kernel || !other.running() || !other.began) continue;
     if (other.t_began > since) continue;  // began after this one: it is the next cell
     end_locked(other, JobStatus::end_not_recorded, std::string(kEndLost));
@@ -237,19 +294,19 @@ void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
 }
 
 void JobStore::lose_running_locked(const std::string& kernel, const std::string& why) {
-  for (auto& [n, j] : jobs_)
-    if (j.kernel == kernel && j.running()) {
-      std::string note = "The kernel stopped before this job finished (" + why + ").";
-      // end_locked repairs others only among began ones; every running one is lost here anyway.
-      j.status = JobStatus::kernel_lost;
-      j.t_ended = Clock::now();
-      j.ended_at = iso_now();
-      std::size_t before = j.bytes();
-      j.note = std::move(note);
-      add_bytes(before, j);
-      by_request_.erase(j.request);
-      changed_locked();
-    }
+  std::vector<std::uint64_t> running(running_.begin(), running_.end());
+  for (auto n : running) {
+    Job& j = jobs_.at(n);
+    if (j.kernel != kernel) continue;
+    // Every running job of the kernel is lost here: no repair among them is needed.
+    j.status = JobStatus::kernel_lost;
+    j.t_ended = Clock::now();
+    j.ended_at = iso_now();
+    std::size_t before = j.bytes();
+    j.note = "The kernel stopped before this job finished (" + why + ").";
+    add_bytes(before, j);
+    finished_locked(j);
+  }
 }
 
 void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) {
@@ -264,6 +321,15 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       Job* j = by_request_locked(m.parent_msg_id);
       // Most iopub traffic is not a recorded cell's (kernel_info, comms): skip it unparsed.
       if (!j && t != "execute_input") return;
+      if (t == "stream") {
+        with_stream_text(m.wire.content, [&](std::string_view text) {
+          std::size_t before = j->bytes();
+          j->output.append(text);
+          add_bytes(before, *j);
+        });
+        if (bytes_ > limits_.budget_bytes) enforce_locked();
+        return;  // output is not a lifecycle change: nothing to notify
+      }
       json content = json::parse(m.wire.content, nullptr, false);
       if (!content.is_object()) return;
       if (t == "execute_input") {
@@ -285,12 +351,6 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
       } else if (!j) {
         return;
-      } else if (t == "stream") {
-        if (const std::string* text = str_field(content, "text")) {
-          std::size_t before = j->bytes();
-          j->output.append(*text);
-          add_bytes(before, *j);
-        }
       } else if (t == "execute_result") {
         auto data = content.find("data");
         if (data != content.end() && data->is_object())
@@ -347,9 +407,10 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
     Job* j = by_request_locked(m.parent_msg_id);
     if (!j) {
       // Ended by its idle already: the reply can still correct an ok whose error was lost.
-      auto it = std::find_if(jobs_.rbegin(), jobs_.rend(),
-                             [&](auto& p) { return p.second.request == m.parent_msg_id; });
-      if (it != jobs_.rend() && it->second.status == JobStatus::ok &&
+      auto rit = std::find_if(recent_.rbegin(), recent_.rend(),
+                              [&](auto& p) { return p.first == m.parent_msg_id; });
+      auto it = rit == recent_.rend() ? jobs_.end() : jobs_.find(rit->second);
+      if (it != jobs_.end() && it->second.status == JobStatus::ok &&
           content.value("status", "") == "error") {
         auto& done = it->second;
         done.status = JobStatus::error;
@@ -440,23 +501,23 @@ void JobStore::on_kernel_removed(const KernelPtr& kernel) {
 }
 
 void JobStore::enforce_locked() {
-  auto evictable = [](const Job& j) { return !j.running() && (j.seen_by_agent || j.origin != JobOrigin::user); };
   auto erase = [this](std::map<std::uint64_t, Job>::iterator it) {
     bytes_ -= it->second.bytes();
     if (!it->second.seen_by_agent) --unseen_;
     by_request_.erase(it->second.request);
+    evictable_.erase(it->first);
     return jobs_.erase(it);
   };
-  // Oldest evictable first, while over the count or the byte budget.
-  for (auto it = jobs_.begin(); it != jobs_.end() && (jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes);) {
-    if (evictable(it->second)) it = erase(it);
-    else ++it;
-  }
+  // Oldest evictable (finished, and seen or not foreign) first, while over the count or the
+  // byte budget: O(log n) each, whatever sits unevictable in front.
+  while ((jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes) && !evictable_.empty())
+    erase(jobs_.find(*evictable_.begin()));
   // What is left over the budget is unseen foreign jobs (and running ones): drop their text,
   // keep the record, so the agent is still told of them.
-  for (auto it = jobs_.begin(); it != jobs_.end() && bytes_ > limits_.budget_bytes; ++it) {
+  for (auto it = jobs_.lower_bound(release_from_); it != jobs_.end() && bytes_ > limits_.budget_bytes; ++it) {
     Job& j = it->second;
     if (j.running() || j.released) continue;
+    release_from_ = it->first;
     std::size_t before = j.bytes();
     j.output.release();
     j.result.release();
@@ -495,13 +556,18 @@ void JobStore::sweep() {
   {
     std::lock_guard lk(mu_);
     auto now = Clock::now();
-    for (auto& [n, j] : jobs_)
+    std::vector<std::uint64_t> running(running_.begin(), running_.end());
+    for (auto n : running) {
+      auto it = jobs_.find(n);
+      if (it == jobs_.end()) continue;
+      Job& j = it->second;
       if (j.running() && j.reply_at && now - *j.reply_at >= limits_.reply_grace) {
         JobStatus st = JobStatus::ok;
         if (j.ename == "KeyboardInterrupt") st = JobStatus::interrupted;
         else if (!j.ename.empty() || j.reply_status == "error") st = JobStatus::error;
         end_locked(j, st);
       }
+    }
     if (changed_ && jobs_.size() > limits_.max_jobs) enforce_locked();
   }
   notify();
@@ -836,6 +902,7 @@ AckResult JobStore::ack(const std::string& kernel, const AgentRef& agent, const 
         if (!j->seen_by_agent) {
           j->seen_by_agent = true;
           --unseen_;
+          evictable_.insert(j->n);
           changed_locked();
         }
         r.acked.push_back(id);
@@ -877,6 +944,7 @@ json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now
   auto opt = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   json o = {{"job", j.id()},
             {"kernel", j.kernel},
+            {"request", opt(j.request)},
             {"origin", origin_name(j.origin)},
             {"agent", opt(j.agent)},
             {"label", opt(j.label)},

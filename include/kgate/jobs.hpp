@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,7 +48,7 @@ class TailText {
   void append(std::string_view s);
   std::string_view text() const;  // at most cap bytes: the tail
   std::size_t cut() const { return total_ - text().size(); }  // bytes cut from the front
-  std::size_t held() const { return buf_.size(); }            // bytes in memory
+  std::size_t held() const { return buf_.capacity(); }        // bytes in memory
   std::size_t total() const { return total_; }
   void release();  // drops the text (budget pressure); what was held counts as cut
 
@@ -223,6 +224,7 @@ class JobStore final : public KernelObserver {
   Job& create_locked(const std::string& kernel, JobOrigin origin, std::string request, std::string_view code);
   void end_locked(Job& j, JobStatus status, std::string note = {});
   void close_earlier_locked(const Job& j, Clock::time_point since);
+  void finished_locked(Job& j);  // bookkeeping of a job that stopped running
   void lose_running_locked(const std::string& kernel, const std::string& why);
   void add_bytes(std::size_t before, const Job& j);
   void enforce_locked();
@@ -237,6 +239,10 @@ class JobStore final : public KernelObserver {
   bool changed_ = false;
   std::map<std::uint64_t, Job> jobs_;
   std::map<std::string, std::uint64_t> by_request_;
+  std::set<std::uint64_t> running_;    // running jobs (a handful: at most a few per kernel)
+  std::set<std::uint64_t> evictable_;  // finished jobs that may be evicted, oldest first
+  std::uint64_t release_from_ = 0;     // the budget's release scan resumes here
+  std::deque<std::pair<std::string, std::uint64_t>> recent_;  // requests of jobs just finished
   std::map<std::string, PerKernel> kernels_;
   std::map<std::string, Agent> agents_;
   std::vector<RestartMark> marks_;

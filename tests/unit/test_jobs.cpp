@@ -378,8 +378,18 @@ TEST(TailText, KeepsTheTailAndCountsTheCut) {
   }
   EXPECT_EQ(t.text(), all.substr(all.size() - 10));
   EXPECT_EQ(t.cut(), all.size() - 10);
-  EXPECT_LE(t.held(), 20u);
+  EXPECT_LE(t.held(), 64u);  // capacity: about twice the cap
   EXPECT_EQ(t.total(), all.size());
+}
+
+TEST(TailText, AHugePieceKeepsOnlyItsTail) {
+  TailText t(1024);
+  t.append("head\n");
+  t.append(std::string(1 << 20, 'x') + "end");
+  EXPECT_EQ(t.text().size(), 1024u);
+  EXPECT_EQ(t.text().substr(1021), "end");
+  EXPECT_EQ(t.cut(), 5u + (1u << 20) + 3u - 1024u);
+  EXPECT_LE(t.held(), 2u * 1024u + 64u);  // the 1 MiB piece is not kept
 }
 
 TEST(TailText, CutsAtAUtf8Boundary) {

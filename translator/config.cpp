@@ -1,0 +1,126 @@
+// kgate-mcp's configuration (see config.hpp).
+#include "config.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+#include <toml++/toml.h>
+
+namespace kgate::mcp {
+
+namespace {
+
+std::filesystem::path config_dir() {
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  if (xdg && *xdg) return std::filesystem::path(xdg) / "kgate";
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/") / ".config" / "kgate";
+}
+
+std::string env_or(const char* name, std::string fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+void parse_gateways(const std::string& text, const std::string& source, Config& cfg) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream ss;
+    ss << source << ":" << e.source().begin.line << ":" << e.source().begin.column << ": " << e.description();
+    throw std::runtime_error(ss.str());
+  }
+  for (auto& [key, node] : tbl) {
+    if (key.str() != "gateways")
+      throw std::runtime_error(source + ": unknown table [" + std::string(key.str()) + "] (expected [gateways.NAME])");
+    auto gws = node.as_table();
+    if (!gws) throw std::runtime_error(source + ": gateways must be a table of [gateways.NAME]");
+    for (auto& [name, gnode] : *gws) {
+      std::string n(name.str());
+      auto g = gnode.as_table();
+      if (!g) throw std::runtime_error(source + ": gateways." + n + " must be a table");
+      GatewayEntry e;
+      for (auto& [k, v] : *g) {
+        std::string field(k.str());
+        std::string where = source + ": gateways." + n + "." + field;
+        if (field == "url" || field == "token" || field == "token_env") {
+          auto s = v.value<std::string>();
+          if (!s || !v.is_string()) throw std::runtime_error(where + " must be a string");
+          (field == "url" ? e.url : field == "token" ? e.token : e.token_env) = *s;
+        } else if (field == "verify") {
+          if (!v.is_boolean()) throw std::runtime_error(where + " must be true or false");
+          e.verify = *v.value<bool>();
+        } else {
+          throw std::runtime_error(where + ": unknown key (expected url, token, token_env, verify)");
+        }
+      }
+      if (e.url.empty()) throw std::runtime_error(source + ": gateways." + n + " has no url");
+      if (!e.token.empty() && !e.token_env.empty())
+        throw std::runtime_error(source + ": gateways." + n + " has both token and token_env: keep one");
+      cfg.gateways[n] = std::move(e);
+    }
+  }
+}
+
+Config load_config() {
+  Config cfg;
+  cfg.dir = config_dir();
+  cfg.default_url = env_or("KGATE_URL", cfg.default_url);
+  cfg.default_token = env_or("KGATE_TOKEN", "");
+  std::ifstream in(cfg.gateways_file());
+  if (in) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    try {
+      parse_gateways(ss.str(), cfg.gateways_file().string(), cfg);
+    } catch (const std::exception& e) {
+      cfg.gateways_error = e.what();
+      spdlog::warn("{}", cfg.gateways_error);
+    }
+  }
+  return cfg;
+}
+
+bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, std::string& error) {
+  ep = Endpoint{};
+  if (host.empty()) {
+    ep.name = "";
+    ep.is_default = true;
+    ep.token = cfg.default_token;
+    return parse_endpoint_url(cfg.default_url, ep, error);
+  }
+  if (host.find("://") != std::string::npos) {
+    ep.name = host;
+    ep.token = cfg.default_token;
+    return parse_endpoint_url(host, ep, error);
+  }
+  if (!cfg.gateways_error.empty()) {
+    error = "gateways.toml is broken, so gateway '" + host + "' cannot be looked up: " + cfg.gateways_error;
+    return false;
+  }
+  auto it = cfg.gateways.find(host);
+  if (it == cfg.gateways.end()) {
+    error = "unknown gateway '" + host + "': not a URL, and not in " + cfg.gateways_file().string();
+    return false;
+  }
+  const auto& g = it->second;
+  ep.name = host;
+  ep.verify = g.verify;
+  ep.token = g.token;
+  if (!g.token_env.empty()) {
+    const char* v = std::getenv(g.token_env.c_str());
+    if (!v || !*v) {
+      error = "gateway '" + host + "' takes its token from $" + g.token_env + ", which is not set";
+      return false;
+    }
+    ep.token = v;
+  }
+  return parse_endpoint_url(g.url, ep, error);
+}
+
+}  // namespace kgate::mcp

@@ -1,0 +1,497 @@
+// kgate-mcp's side of a gateway: HTTP calls, the agent link, a kernel's channels websocket.
+#include "gateway.hpp"
+
+#include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <spdlog/spdlog.h>
+
+#include "version_info.hpp"
+
+namespace kgate::mcp {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using tcp = net::ip::tcp;
+
+namespace {
+
+constexpr auto kConnectTimeout = std::chrono::seconds(5);
+constexpr std::size_t kMaxResponseBytes = 256u << 20;   // a notebook export can be large
+constexpr std::size_t kMaxWsMessageBytes = 256u << 20;
+constexpr std::size_t kMaxExpected = 64;                // requests whose outputs are kept
+constexpr std::size_t kMaxOutputsPerRequest = 1000;
+
+std::string user_agent() { return std::string(server_name()) + "/" + std::string(server_version()); }
+
+std::string percent_encode(std::string_view s) {
+  static const char* hex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') out += char(c);
+    else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error) {
+  auto sep = url.find("://");
+  if (sep == std::string::npos) {
+    error = "'" + url + "' is not a URL (expected http://host:port/)";
+    return false;
+  }
+  ep.url = url;
+  ep.scheme = url.substr(0, sep);
+  for (auto& c : ep.scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (ep.scheme == "https") {
+    error = "https gateways are not supported yet (" + url + "): use http on loopback or an SSH tunnel";
+    return false;
+  }
+  if (ep.scheme != "http") {
+    error = "unsupported URL scheme '" + ep.scheme + "' in " + url + " (expected http)";
+    return false;
+  }
+  std::string rest = url.substr(sep + 3);
+  auto slash = rest.find('/');
+  std::string hostport = rest.substr(0, slash);
+  ep.base = slash == std::string::npos ? "/" : rest.substr(slash);
+  if (ep.base.back() != '/') ep.base += '/';
+  if (hostport.empty()) {
+    error = "no host in " + url;
+    return false;
+  }
+  if (hostport.front() == '[') {
+    auto close = hostport.find(']');
+    if (close == std::string::npos) {
+      error = "bad IPv6 address in " + url;
+      return false;
+    }
+    ep.host = hostport.substr(1, close - 1);
+    ep.port = close + 1 < hostport.size() && hostport[close + 1] == ':' ? hostport.substr(close + 2) : "80";
+  } else {
+    auto colon = hostport.rfind(':');
+    ep.host = hostport.substr(0, colon);
+    ep.port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
+  }
+  if (ep.port.empty() || ep.port.find_first_not_of("0123456789") != std::string::npos) {
+    error = "bad port in " + url;
+    return false;
+  }
+  return true;
+}
+
+json HttpResult::json_body() const { return json::parse(body, nullptr, false); }
+
+std::string HttpResult::message() const {
+  if (status == 0) return error;
+  json j = json_body();
+  if (j.is_object() && j.contains("message") && j["message"].is_string()) return j["message"].get<std::string>();
+  return "HTTP " + std::to_string(status);
+}
+
+// ---------------------------------------------------------------------------------------
+// HttpClient
+
+struct HttpClient::Conn {
+  net::io_context ioc{1};
+  beast::tcp_stream stream{ioc};
+  beast::flat_buffer buffer;
+  bool connected = false;
+};
+
+HttpClient::HttpClient(Endpoint ep) : ep_(std::move(ep)) {}
+HttpClient::~HttpClient() = default;
+
+std::unique_ptr<HttpClient::Conn> HttpClient::take() {
+  std::lock_guard lk(mu_);
+  if (idle_.empty()) return std::make_unique<Conn>();
+  auto c = std::move(idle_.back());
+  idle_.pop_back();
+  return c;
+}
+
+void HttpClient::give_back(std::unique_ptr<Conn> c) {
+  std::lock_guard lk(mu_);
+  if (idle_.size() < 4) idle_.push_back(std::move(c));
+}
+
+HttpResult HttpClient::request(const std::string& method, const std::string& path, const json* body,
+                               std::chrono::milliseconds timeout) {
+  HttpResult out;
+  http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
+  req.set(http::field::host, ep_.host + ":" + ep_.port);
+  req.set(http::field::user_agent, user_agent());
+  if (!ep_.token.empty()) req.set(http::field::authorization, "token " + ep_.token);
+  if (body) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body->dump();
+  }
+  req.keep_alive(true);
+  req.prepare_payload();
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto c = take();
+    bool reused = c->connected;
+    beast::error_code ec;
+    std::size_t response_bytes = 0;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBytes);
+    c->ioc.restart();
+    auto do_exchange = [&] {
+      c->stream.expires_after(timeout + std::chrono::seconds(5));
+      http::async_write(c->stream, req, [&](beast::error_code wec, std::size_t) {
+        if (wec) {
+          ec = wec;
+          return;
+        }
+        http::async_read(c->stream, c->buffer, parser, [&](beast::error_code rec, std::size_t n) {
+          ec = rec;
+          response_bytes = n;
+        });
+      });
+    };
+    tcp::resolver resolver(c->ioc);  // outlives run(): destroying it would cancel the resolve
+    if (!c->connected) {
+      resolver.async_resolve(ep_.host, ep_.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
+        if (rec) {
+          ec = rec;
+          return;
+        }
+        c->stream.expires_after(kConnectTimeout);
+        c->stream.async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
+          if (cec) {
+            ec = cec;
+            return;
+          }
+          c->connected = true;
+          beast::error_code ignored;
+          c->stream.socket().set_option(tcp::no_delay(true), ignored);
+          do_exchange();
+        });
+      });
+    } else {
+      do_exchange();
+    }
+    c->ioc.run();
+    if (!ec) {
+      auto& res = parser.get();
+      out.status = static_cast<int>(res.result_int());
+      out.body = std::move(res.body());
+      out.error.clear();
+      if (res.keep_alive()) give_back(std::move(c));
+      return out;
+    }
+    // A kept-alive connection the server had closed fails before any response: retry once on a
+    // fresh one (the request was not processed).
+    if (reused && response_bytes == 0 &&
+        (ec == http::error::end_of_stream || ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::error::eof) &&
+        attempt == 0)
+      continue;
+    out.status = 0;
+    if (ec == beast::error::timeout)
+      out.error = "no answer from " + ep_.url + " within " + std::to_string(timeout.count() / 1000) + " s";
+    else if (ec == net::error::connection_refused)
+      out.error = "connection refused by " + ep_.url + " (is the gateway running?)";
+    else
+      out.error = ep_.url + ": " + ec.message();
+    return out;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// AgentLink
+
+AgentLink::~AgentLink() { stop(); }
+
+void AgentLink::start(const Endpoint& ep, const std::string& agent, const std::string& label) {
+  stop();
+  stopping_ = false;
+  thread_ = std::thread([this, ep, agent, label] { run(ep, agent, label); });
+}
+
+void AgentLink::stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+    if (close_) close_();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
+  auto backoff = std::chrono::milliseconds(200);
+  while (!stopping_) {
+    net::io_context ioc{1};
+    websocket::stream<beast::tcp_stream> ws(ioc);
+    beast::flat_buffer buf;
+    tcp::resolver resolver(ioc);
+    std::string target = ep.base + "api/kgate/agent?agent=" + percent_encode(agent) + "&label=" + percent_encode(label);
+    beast::error_code ec;
+    bool up = false;
+    std::function<void()> read;  // lives as long as the loop runs its reads
+    resolver.async_resolve(ep.host, ep.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
+      if (rec) return void(ec = rec);
+      beast::get_lowest_layer(ws).expires_after(kConnectTimeout);
+      beast::get_lowest_layer(ws).async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
+        if (cec) return void(ec = cec);
+        ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
+          r.set(http::field::user_agent, user_agent());
+          if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
+        }));
+        ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
+          if (hec) return void(ec = hec);
+          beast::get_lowest_layer(ws).expires_never();
+          ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+          up = true;
+          connected_ = true;
+          backoff = std::chrono::milliseconds(200);
+          {
+            std::lock_guard lk(mu_);
+            close_ = [&ioc, &ws] {
+              net::post(ioc, [&ws] { ws.async_close(websocket::close_code::normal, [](beast::error_code) {}); });
+            };
+            if (stopping_) close_();
+          }
+          read = [&] {
+            ws.async_read(buf, [&](beast::error_code rec2, std::size_t) {
+              buf.clear();
+              if (rec2) return void(ec = rec2);
+              read();
+            });
+          };
+          read();
+        });
+      });
+    });
+    ioc.run();
+    {
+      std::lock_guard lk(mu_);
+      close_ = nullptr;
+    }
+    connected_ = false;
+    if (stopping_) break;
+    if (!up) spdlog::debug("agent link to {}: {}", ep.url, ec.message());
+    else spdlog::info("agent link to {} dropped ({}); reconnecting", ep.url, ec.message());
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, backoff, [this] { return stopping_.load(); });
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(5000));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// KernelChannel
+
+struct KernelChannel::Impl {
+  net::io_context ioc{1};
+  websocket::stream<beast::tcp_stream> ws{ioc};
+  beast::flat_buffer buf;
+  std::deque<std::string> outq;
+  bool writing = false;
+};
+
+KernelChannel::~KernelChannel() { close(); }
+
+bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const std::string& session,
+                         std::chrono::milliseconds timeout, std::string& error) {
+  close();
+  impl_ = std::make_shared<Impl>();
+  kernel_ = kernel;
+  auto impl = impl_;
+  std::string target = ep.base + "api/kernels/" + kernel + "/channels?session_id=" + percent_encode(session);
+  beast::error_code ec;
+  bool up = false;
+  tcp::resolver resolver(impl->ioc);
+  resolver.async_resolve(ep.host, ep.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
+    if (rec) return void(ec = rec);
+    beast::get_lowest_layer(impl->ws).expires_after(timeout);
+    beast::get_lowest_layer(impl->ws).async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
+      if (cec) return void(ec = cec);
+      impl->ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
+        r.set(http::field::user_agent, user_agent());
+        if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
+      }));
+      impl->ws.read_message_max(kMaxWsMessageBytes);
+      impl->ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
+        if (hec) return void(ec = hec);
+        beast::get_lowest_layer(impl->ws).expires_never();
+        impl->ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+        up = true;
+      });
+    });
+  });
+  impl->ioc.run();
+  if (!up) {
+    error = "cannot open the kernel's websocket: " + ec.message();
+    impl_.reset();
+    return false;
+  }
+  open_ = true;
+  impl->ioc.restart();
+  thread_ = std::thread([this] { reader(); });
+  return true;
+}
+
+void KernelChannel::reader() {
+  auto impl = impl_;
+  std::function<void()> read;
+  read = [&] {
+    impl->ws.async_read(impl->buf, [&](beast::error_code ec, std::size_t) {
+      if (ec) {
+        open_ = false;
+        cv_.notify_all();
+        return;
+      }
+      if (impl->ws.got_text()) on_message(beast::buffers_to_string(impl->buf.data()));
+      impl->buf.consume(impl->buf.size());
+      read();
+    });
+  };
+  read();
+  impl->ioc.run();
+  open_ = false;
+  cv_.notify_all();
+}
+
+void KernelChannel::close() {
+  if (!impl_) return;
+  auto impl = impl_;
+  net::post(impl->ioc, [impl] {
+    impl->ws.async_close(websocket::close_code::normal, [impl](beast::error_code) { impl->ioc.stop(); });
+  });
+  if (thread_.joinable()) {
+    // A peer that never answers the close: stop the loop after a second.
+    std::thread guard([impl] {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      impl->ioc.stop();
+    });
+    thread_.join();
+    guard.detach();
+  }
+  impl_.reset();
+  open_ = false;
+  std::lock_guard lk(mu_);
+  seen_.clear();
+  order_.clear();
+}
+
+bool KernelChannel::send(const std::string& channel, const json& msg) {
+  if (!open_ || !impl_) return false;
+  json m = msg;
+  m["channel"] = channel;
+  auto impl = impl_;
+  net::post(impl->ioc, [impl, text = m.dump()]() mutable {
+    impl->outq.push_back(std::move(text));
+    if (impl->writing) return;
+    std::function<void()> next;
+    auto write_next = std::make_shared<std::function<void()>>();
+    *write_next = [impl, write_next] {
+      if (impl->outq.empty()) {
+        impl->writing = false;
+        return;
+      }
+      impl->writing = true;
+      impl->ws.text(true);
+      impl->ws.async_write(net::buffer(impl->outq.front()), [impl, write_next](beast::error_code ec, std::size_t) {
+        impl->outq.pop_front();
+        if (ec) {
+          impl->outq.clear();
+          impl->writing = false;
+          return;
+        }
+        (*write_next)();
+      });
+    };
+    (*write_next)();
+  });
+  return true;
+}
+
+void KernelChannel::expect(const std::string& msg_id) {
+  std::lock_guard lk(mu_);
+  if (seen_.count(msg_id)) {
+    seen_[msg_id].full = true;
+    return;
+  }
+  seen_[msg_id].full = true;
+  order_.push_back(msg_id);
+  while (order_.size() > kMaxExpected) {
+    seen_.erase(order_.front());
+    order_.pop_front();
+  }
+}
+
+void KernelChannel::forget(const std::string& msg_id) {
+  std::lock_guard lk(mu_);
+  seen_.erase(msg_id);
+}
+
+void KernelChannel::on_message(const std::string& text) {
+  json m = json::parse(text, nullptr, false);
+  if (!m.is_object()) return;
+  const json& parent = m.value("parent_header", json::object());
+  if (!parent.is_object() || !parent.contains("msg_id") || !parent["msg_id"].is_string()) return;
+  std::string pid = parent["msg_id"].get<std::string>();
+  std::string type = m.value("header", json::object()).value("msg_type", "");
+  if (type.empty()) type = m.value("msg_type", "");
+  std::string channel = m.value("channel", "");
+  std::lock_guard lk(mu_);
+  auto it = seen_.find(pid);
+  if (it == seen_.end()) {
+    if (channel != "iopub") return;
+    it = seen_.emplace(pid, Collected{}).first;
+    order_.push_back(pid);
+    while (order_.size() > kMaxExpected) {
+      seen_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+  auto& c = it->second;
+  const json& content = m.value("content", json::object());
+  if (channel == "iopub") {
+    bool has_image = false;
+    if (auto d = content.find("data"); d != content.end() && d->is_object())
+      for (auto& [mime, v] : d->items()) has_image |= mime.rfind("image/", 0) == 0 && mime != "image/svg+xml";
+    if (type == "status" && content.value("execution_state", "") == "idle") c.idle = true;
+    else if (c.outputs.size() < kMaxOutputsPerRequest && (c.full || has_image))
+      if (auto o = output_from_iopub(type, content)) c.outputs.push_back(std::move(*o));
+  } else if (channel == "shell" && type == "execute_reply") {
+    c.replied = true;
+    c.reply = content;
+  }
+  cv_.notify_all();
+}
+
+KernelChannel::Collected KernelChannel::wait_for(const std::string& msg_id, std::chrono::milliseconds timeout,
+                                                 const std::function<bool(const Collected&)>& done,
+                                                 const std::atomic<bool>* cancelled) {
+  std::unique_lock lk(mu_);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto it = seen_.find(msg_id);
+    if (it != seen_.end() && done(it->second)) return it->second;
+    if (!open_ || (cancelled && *cancelled)) break;
+    if (cv_.wait_until(lk, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200))) ==
+            std::cv_status::timeout &&
+        std::chrono::steady_clock::now() >= deadline)
+      break;
+  }
+  auto it = seen_.find(msg_id);
+  return it == seen_.end() ? Collected{} : it->second;
+}
+
+}  // namespace kgate::mcp

@@ -1,0 +1,152 @@
+// kgate-mcp's side of a gateway: HTTP calls (kgate or any Jupyter server), the agent's liveness
+// websocket, and a kernel's channels websocket (for the outputs records do not keep: images).
+//
+// Threading: HttpClient is thread-safe (each call runs its own I/O on the calling thread, over
+// a pooled keep-alive connection).  AgentLink and KernelChannel each own one background thread
+// with its own io_context.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kgate/wire.hpp"
+#include "render.hpp"
+
+namespace kgate::mcp {
+
+// A gateway, resolved from `connect(host=...)` and gateways.toml.  The token is never logged.
+struct Endpoint {
+  std::string name;     // "" for the default gateway, else the gateways.toml name or the URL
+  std::string url;      // as configured
+  std::string scheme;   // "http" (https: issue 6)
+  std::string host;
+  std::string port;
+  std::string base;     // the base path, ends with '/'
+  std::string token;
+  bool verify = true;
+  bool is_default = false;
+  std::string display() const { return url; }
+};
+
+// Parses http://host[:port][/base]; false and `error` set if it is not such a URL.
+bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error);
+
+struct HttpResult {
+  int status = 0;         // 0: the request did not complete (`error` says why)
+  std::string body;
+  std::string error;
+  json json_body() const;  // the body as JSON (discarded value if it is not)
+  // The server's {"message": ...}, else the status line, else the transport error.
+  std::string message() const;
+};
+
+class HttpClient {
+ public:
+  explicit HttpClient(Endpoint ep);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  const Endpoint& endpoint() const { return ep_; }
+  // `path` is relative to the base ("api/kernels").  `body` null = no body.
+  HttpResult request(const std::string& method, const std::string& path, const json* body,
+                     std::chrono::milliseconds timeout);
+  HttpResult get(const std::string& path, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
+    return request("GET", path, nullptr, timeout);
+  }
+  HttpResult post(const std::string& path, const json& body,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
+    return request("POST", path, &body, timeout);
+  }
+
+ private:
+  struct Conn;
+  std::unique_ptr<Conn> take();
+  void give_back(std::unique_ptr<Conn> c);
+
+  Endpoint ep_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Conn>> idle_;
+};
+
+// The agent's liveness connection to kgate (GET api/kgate/agent): kgate holds the agent's claim
+// while it is open.  Reconnects with backoff while started; stop() closes it with code 1000
+// ("exited"), which frees the claim at once.
+class AgentLink {
+ public:
+  AgentLink() = default;
+  ~AgentLink();
+  void start(const Endpoint& ep, const std::string& agent, const std::string& label);
+  void stop();
+  bool connected() const { return connected_; }
+
+ private:
+  void run(Endpoint ep, std::string agent, std::string label);
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> connected_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> close_;  // set while connected: closes from another thread
+};
+
+// A kernel's channels websocket, read in the background: keeps the outputs of recent requests
+// (by parent msg_id, bounded) so an agent cell's images can be rendered, and can run a cell
+// directly (a stock Jupyter server without kgate's agent path).
+class KernelChannel {
+ public:
+  KernelChannel() = default;
+  ~KernelChannel();
+  // Connects (blocking up to `timeout`); false and `error` if it could not.
+  bool open(const Endpoint& ep, const std::string& kernel, const std::string& session,
+            std::chrono::milliseconds timeout, std::string& error);
+  void close();
+  bool is_open() const { return open_; }
+  const std::string& kernel() const { return kernel_; }
+
+  // Sends a message on a channel ("shell"); false if not connected.
+  bool send(const std::string& channel, const json& msg);
+
+  struct Collected {
+    std::vector<CellOutput> outputs;
+    bool idle = false;        // status: idle for the request was seen
+    bool replied = false;     // its execute_reply was seen
+    json reply;               // the execute_reply content
+    bool full = false;        // every output is kept (expect()); else only outputs with images
+  };
+  // What was seen for `msg_id` so far; waits up to `timeout` until `done(collected)` holds.
+  Collected wait_for(const std::string& msg_id, std::chrono::milliseconds timeout,
+                     const std::function<bool(const Collected&)>& done,
+                     const std::atomic<bool>* cancelled = nullptr);
+  // Keep every output of `msg_id` (call before sending it, so none is missed).  Requests not
+  // expected keep only their image outputs and their idle: records keep no display_data, and an
+  // agent cell's images are taken from here.
+  void expect(const std::string& msg_id);
+  void forget(const std::string& msg_id);
+
+ private:
+  void reader();
+  void on_message(const std::string& text);
+
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+  std::thread thread_;
+  std::atomic<bool> open_{false};
+  std::string kernel_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Collected> seen_;  // expected requests, bounded
+  std::deque<std::string> order_;
+};
+
+}  // namespace kgate::mcp

@@ -1,0 +1,742 @@
+// MCP over stdio (see jsonrpc.hpp): line framing, dispatch for both protocol eras, and the
+// threads of the tool calls.
+#include "jsonrpc.hpp"
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <istream>
+#include <map>
+#include <mutex>
+#include <ostream>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "version_info.hpp"
+
+namespace kgate::mcp {
+namespace {
+
+constexpr std::array<std::string_view, 3> kLegacyVersions = {"2025-11-25", "2025-06-18", "2025-03-26"};
+constexpr std::string_view kMetaVersion = "io.modelcontextprotocol/protocolVersion";
+constexpr std::string_view kMetaCapabilities = "io.modelcontextprotocol/clientCapabilities";
+constexpr std::string_view kMetaServerInfo = "io.modelcontextprotocol/serverInfo";
+// How long a modern client may reuse server/discover and tools/list. The tool list stays the
+// same for as long as this binary runs, and it is the same for every client ("public").
+constexpr long long kListTtlMs = 60LL * 60 * 1000;
+// Arrays and objects nested deeper than this are refused without parsing them. Tool arguments
+// are shallow, and code that walks a value recursively (dump, the tool layer) would run out of
+// stack on a line of a few million '['.
+constexpr std::size_t kMaxDepth = 256;
+constexpr std::size_t kReadChunk = 64u << 10;
+
+// The translator's protocol log. It writes to stderr: stdout carries nothing but protocol, and
+// spdlog's default logger writes to stdout. It is registered with spdlog, so spdlog::set_level
+// and set_pattern in main apply to it too.
+spdlog::logger& log() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    if (auto existing = spdlog::get("mcp")) return existing;
+    return spdlog::stderr_logger_mt("mcp");
+  }();
+  return *logger;
+}
+
+bool is_legacy_version(std::string_view v) {
+  return std::find(kLegacyVersions.begin(), kLegacyVersions.end(), v) != kLegacyVersions.end();
+}
+
+json supported_versions() {
+  json all = json::array({kModernVersion});
+  for (std::string_view v : kLegacyVersions) all.push_back(v);
+  return all;
+}
+
+json server_info() {
+  return {{"name", std::string(server_name())}, {"version", std::string(server_version())}};
+}
+
+// Ids are strings or numbers. JSON-RPC allows null, but MCP does not.
+bool is_valid_id(const json& id) { return id.is_string() || id.is_number(); }
+
+// The key of a request id in the in-flight table. The string "1" and the number 1 are different ids.
+std::string id_key(const json& id) { return id.dump(); }
+
+json make_error(const json& id, int code, std::string message, json data = nullptr) {
+  json error = {{"code", code}, {"message", std::move(message)}};
+  if (!data.is_null()) error["data"] = std::move(data);
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"error", std::move(error)}};
+}
+
+json make_result(const json& id, json result) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+}
+
+// The deepest nesting of arrays and objects in `text` (outside strings). Counting stops once
+// it passes `limit`.
+std::size_t nesting_depth(std::string_view text, std::size_t limit) {
+  std::size_t depth = 0;
+  std::size_t deepest = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// Reads an istream one line at a time, holding no more than `max` bytes of any line.
+class LineReader {
+ public:
+  enum class Status { line, too_long, eof };
+
+  LineReader(std::istream& in, std::size_t max) : in_(in), max_(max), chunk_(kReadChunk) {}
+
+  // Reads the next line into `line`, without its '\n'. A last line with no '\n' still counts.
+  // A line longer than the limit is read to its end and dropped; `length` then holds its size.
+  Status next(std::string& line, std::size_t& length) {
+    line.clear();
+    length = 0;
+    bool extracted = false;
+    bool too_long = false;
+    for (;;) {
+      if (in_.bad()) return extracted ? finish(line, too_long) : Status::eof;
+      in_.getline(chunk_.data(), static_cast<std::streamsize>(chunk_.size()));
+      const auto n = static_cast<std::size_t>(in_.gcount());
+      std::size_t stored = n;
+      bool end_of_line = true;
+      if (in_.eof()) {
+        if (n == 0 && !extracted) return Status::eof;
+      } else if (in_.fail()) {  // the chunk filled up before the '\n'
+        in_.clear();
+        end_of_line = false;
+      } else {
+        stored = n - 1;  // gcount counted the '\n'
+      }
+      extracted = true;
+      length += stored;
+      if (length > max_) {
+        if (!too_long) std::string().swap(line);  // let go of what was kept
+        too_long = true;
+      } else {
+        line.append(chunk_.data(), stored);
+      }
+      if (end_of_line) return finish(line, too_long);
+    }
+  }
+
+ private:
+  static Status finish(std::string& line, bool too_long) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return too_long ? Status::too_long : Status::line;
+  }
+
+  std::istream& in_;
+  std::size_t max_;
+  std::vector<char> chunk_;
+};
+
+// One tools/call, shared by the reader thread and the call's worker thread.
+struct CallState {
+  Call call;
+  std::mutex mutex;        // orders progress, the reply and a cancellation
+  bool replied = false;    // the reply went out, or was dropped: nothing more is sent for the call
+  bool dropped = false;    // notifications/cancelled named the call, so its reply is not sent
+  std::optional<double> last_progress;
+};
+
+// The state that worker threads share with the reader. It can outlive run(), because a call still
+// running after eof_grace keeps it alive.
+struct Shared {
+  explicit Shared(std::ostream& o) : out(o) {}
+
+  // Writes one message as one line. Returns false if it was not written.
+  bool send(const json& msg) {
+    std::string line;
+    try {
+      line = msg.dump(-1, ' ', false, json::error_handler_t::replace);
+    } catch (const std::exception& e) {
+      log().error("cannot serialize a message: {}", e.what());
+      return false;
+    }
+    std::lock_guard lock(write_mutex);
+    if (output_closed) return false;
+    out.write(line.data(), static_cast<std::streamsize>(line.size()));
+    out.put('\n');
+    out.flush();
+    if (!out) {
+      if (!output_failed) log().warn("stdout: write failed; replies from now on are lost");
+      output_failed = true;
+      return false;
+    }
+    return true;
+  }
+
+  void close_output() {
+    std::lock_guard lock(write_mutex);
+    output_closed = true;
+  }
+
+  std::mutex write_mutex;
+  std::ostream& out;
+  bool output_closed = false;
+  bool output_failed = false;
+
+  std::mutex calls_mutex;
+  std::condition_variable calls_done;  // notified whenever a call leaves in_flight
+  std::map<std::string, std::shared_ptr<CallState>> in_flight;  // by id_key
+  std::map<std::uint64_t, std::thread> threads;  // by sequence number
+  std::vector<std::uint64_t> finished;            // threads whose call ended, to be joined
+};
+
+// What kind of request this is: modern (the version is in its _meta) or legacy.
+struct Era {
+  bool modern = false;
+  std::string version;
+};
+
+// Adds what a modern result carries on top of the legacy shape.
+json complete(json result, const Era& era) {
+  if (era.modern) {
+    result["resultType"] = "complete";
+    result["_meta"][std::string(kMetaServerInfo)] = server_info();
+  }
+  return result;
+}
+
+json text_block(std::string text) { return {{"type", "text"}, {"text", std::move(text)}}; }
+
+// The body of a call's worker thread: runs the tool, then sends the reply unless the call was
+// cancelled.
+void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const std::shared_ptr<CallState>& st,
+              std::uint64_t seq, Era era) {
+  Call& call = st->call;
+  json msg;
+  try {
+    try {
+      ToolReply reply = handler.call(call);
+      if (!reply.content.is_array()) {
+        log().error("tools/call {} (id {}): the tool returned content that is not an array", call.tool,
+                    call.id.dump());
+        msg = make_error(call.id, rpc_error::kInternalError, "Internal error: the tool returned malformed content");
+      } else {
+        msg = make_result(call.id,
+                          complete({{"content", std::move(reply.content)}, {"isError", reply.is_error}}, era));
+      }
+    } catch (const InvalidParams& e) {
+      log().info("tools/call {} (id {}): invalid params: {}", call.tool, call.id.dump(), e.what());
+      msg = make_error(call.id, rpc_error::kInvalidParams, e.what());
+    } catch (const std::exception& e) {
+      log().warn("tools/call {} (id {}) failed: {}", call.tool, call.id.dump(), e.what());
+      msg = make_result(call.id, complete({{"content", json::array({text_block(e.what())})}, {"isError", true}}, era));
+    } catch (...) {
+      log().warn("tools/call {} (id {}) failed with an exception that is not a std::exception", call.tool,
+                 call.id.dump());
+      msg = make_result(call.id,
+                        complete({{"content", json::array({text_block("the tool failed (unknown exception)")})},
+                                  {"isError", true}},
+                                 era));
+    }
+  } catch (const std::exception& e) {  // building the reply itself failed (e.g. out of memory)
+    msg = make_error(call.id, rpc_error::kInternalError, std::string("Internal error: ") + e.what());
+  }
+  {
+    std::lock_guard lock(st->mutex);
+    st->replied = true;
+    if (st->dropped) {
+      log().debug("tools/call {} (id {}): cancelled, its reply is not sent", call.tool, call.id.dump());
+    } else {
+      shared->send(msg);
+    }
+  }
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    shared->in_flight.erase(id_key(call.id));
+    shared->finished.push_back(seq);
+  }
+  shared->calls_done.notify_all();
+}
+
+// Sends notifications/progress for a call (see Call::progress).
+void send_progress(const std::weak_ptr<CallState>& weak_state, const std::weak_ptr<Shared>& weak_shared,
+                   double progress, std::optional<double> total, const std::string& message) {
+  auto st = weak_state.lock();
+  auto shared = weak_shared.lock();
+  if (!st || !shared || !st->call.progress_token) return;
+  if (!std::isfinite(progress) || (total && !std::isfinite(*total))) return;
+  std::lock_guard lock(st->mutex);
+  if (st->replied || st->call.cancelled) return;
+  if (st->last_progress && progress <= *st->last_progress) return;
+  st->last_progress = progress;
+  json params = {{"progressToken", *st->call.progress_token}, {"progress", progress}};
+  if (total) params["total"] = *total;
+  if (!message.empty()) params["message"] = message;
+  shared->send({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", std::move(params)}});
+}
+
+}  // namespace
+
+struct StdioServer::Impl {
+  Impl(ToolHandler& h, std::istream& i, std::ostream& o, ServerOptions op)
+      : handler(h), in(i), opts(std::move(op)), shared(std::make_shared<Shared>(o)) {}
+  // Only reached with threads left if run() ended by an exception: a joinable std::thread must
+  // not be destroyed, and a worker thread holds `shared` as long as it needs it.
+  ~Impl() {
+    shared->close_output();
+    std::lock_guard lock(shared->calls_mutex);
+    for (auto& entry : shared->threads) entry.second.detach();
+    shared->threads.clear();
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void handle_line(std::string_view line);
+  void handle_message(const json& msg);
+  void handle_notification(const std::string& method, const json& params);
+  void handle_request(const json& id, const std::string& method, const json& params);
+  // Sets `era` from the request's _meta. Returns the error to send instead, if the _meta is bad.
+  std::optional<json> request_era(const json& id, const json& params, Era& era) const;
+  void initialize(const json& id, const json& params);
+  void discover(const json& id);
+  void tools_list(const json& id, const Era& era);
+  void tools_call(const json& id, const json& params, const Era& era);
+  void cancel(const json& params);
+  void reap();
+  void at_eof();
+
+  void send(const json& msg) { shared->send(msg); }
+
+  ToolHandler& handler;
+  std::istream& in;
+  ServerOptions opts;
+  std::shared_ptr<Shared> shared;
+  // Reader thread only.
+  std::string legacy_version{kLatestLegacyVersion};  // what initialize agreed, for legacy requests
+  bool initialized = false;
+  std::uint64_t next_seq = 0;
+};
+
+void StdioServer::Impl::handle_line(std::string_view line) {
+  if (is_blank(line)) return;
+  if (nesting_depth(line, kMaxDepth) > kMaxDepth) {
+    log().warn("stdin: a message nested deeper than {} levels, refused", kMaxDepth);
+    send(make_error(nullptr, rpc_error::kParseError,
+                    "Parse error: arrays and objects nested deeper than " + std::to_string(kMaxDepth) +
+                        " levels are not accepted"));
+    return;
+  }
+  json msg;
+  try {
+    msg = json::parse(line);
+  } catch (const json::exception& e) {
+    log().warn("stdin: unparsable message ({} bytes): {}", line.size(), e.what());
+    send(make_error(nullptr, rpc_error::kParseError, std::string("Parse error: ") + e.what()));
+    return;
+  }
+  if (msg.is_array()) {
+    send(make_error(nullptr, rpc_error::kInvalidRequest, "Invalid Request: batches are not supported"));
+    return;
+  }
+  if (!msg.is_object()) {
+    send(make_error(nullptr, rpc_error::kInvalidRequest, "Invalid Request: a message must be a JSON object"));
+    return;
+  }
+  handle_message(msg);
+}
+
+void StdioServer::Impl::handle_message(const json& msg) {
+  const auto id_it = msg.find("id");
+  const bool has_id = id_it != msg.end();
+  const json id = has_id && is_valid_id(*id_it) ? *id_it : json(nullptr);
+  const auto method_it = msg.find("method");
+  if (method_it == msg.end()) {
+    if (msg.contains("result") || msg.contains("error")) {
+      // A response, but this server never sends requests.
+      log().debug("stdin: a response to no request of ours (id {}), ignored", has_id ? id_it->dump() : "none");
+      return;
+    }
+    send(make_error(id, rpc_error::kInvalidRequest, "Invalid Request: no \"method\""));
+    return;
+  }
+  if (!method_it->is_string()) {
+    send(make_error(id, rpc_error::kInvalidRequest, "Invalid Request: \"method\" must be a string"));
+    return;
+  }
+  const auto version_it = msg.find("jsonrpc");
+  if (version_it == msg.end() || *version_it != "2.0") {
+    send(make_error(id, rpc_error::kInvalidRequest, "Invalid Request: \"jsonrpc\" must be \"2.0\""));
+    return;
+  }
+  if (has_id && !is_valid_id(*id_it)) {
+    send(make_error(nullptr, rpc_error::kInvalidRequest, "Invalid Request: \"id\" must be a string or a number"));
+    return;
+  }
+  const std::string& method = method_it->get_ref<const std::string&>();
+  json params = json::object();
+  if (const auto p = msg.find("params"); p != msg.end() && !p->is_null()) params = *p;
+  if (!params.is_object()) {
+    if (has_id) {
+      send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"params\" must be an object"));
+    } else {
+      log().debug("stdin: notification {} with params that are not an object, ignored", method);
+    }
+    return;
+  }
+  if (!has_id) {
+    try {
+      handle_notification(method, params);
+    } catch (const std::exception& e) {
+      log().error("notification {}: {}", method, e.what());
+    }
+    return;
+  }
+  try {
+    handle_request(id, method, params);
+  } catch (const std::exception& e) {
+    log().error("{} (id {}): {}", method, id.dump(), e.what());
+    send(make_error(id, rpc_error::kInternalError, std::string("Internal error: ") + e.what()));
+  }
+}
+
+void StdioServer::Impl::handle_notification(const std::string& method, const json& params) {
+  if (method == "notifications/cancelled") {
+    cancel(params);
+  } else if (method == "notifications/initialized") {
+    // Nothing to do: the server is ready as soon as it has answered initialize.
+  } else {
+    log().debug("notification {} ignored", method);
+  }
+}
+
+std::optional<json> StdioServer::Impl::request_era(const json& id, const json& params, Era& era) const {
+  era = Era{false, legacy_version};
+  const auto meta = params.find("_meta");
+  if (meta == params.end() || !meta->is_object()) return std::nullopt;
+  const auto version = meta->find(kMetaVersion);
+  if (version == meta->end()) return std::nullopt;
+  if (!version->is_string()) {
+    return make_error(id, rpc_error::kInvalidParams,
+                      "Invalid params: _meta \"" + std::string(kMetaVersion) + "\" must be a string");
+  }
+  const std::string& requested = version->get_ref<const std::string&>();
+  if (is_legacy_version(requested)) {
+    // A legacy revision named per request: the request is served the legacy way, in that version.
+    era.version = requested;
+    return std::nullopt;
+  }
+  if (requested != kModernVersion) {
+    return make_error(id, rpc_error::kUnsupportedProtocolVersion, "Unsupported protocol version: " + requested,
+                      {{"supported", supported_versions()}, {"requested", requested}});
+  }
+  const auto caps = meta->find(kMetaCapabilities);
+  if (caps == meta->end() || !caps->is_object()) {
+    return make_error(id, rpc_error::kInvalidParams,
+                      "Invalid params: _meta \"" + std::string(kMetaCapabilities) + "\" (an object) is required");
+  }
+  era.modern = true;
+  era.version = requested;
+  return std::nullopt;
+}
+
+void StdioServer::Impl::handle_request(const json& id, const std::string& method, const json& params) {
+  Era era;
+  if (auto error = request_era(id, params, era)) {
+    send(*error);
+    return;
+  }
+  // Requests before initialize: the 2025-11-25 lifecycle says a client SHOULD NOT send them
+  // (ping aside), and it does not say what a server must do with them. Clients differ: the
+  // inspector and some SDKs send tools/list early, and a dual-era client that falls back from
+  // server/discover may have already sent requests. So they are answered as usual, in the
+  // newest legacy version, rather than refused. They need nothing that initialize sets up.
+  if (!initialized && !era.modern && method != "initialize" && method != "ping") {
+    log().debug("{} (id {}) before initialize: answered anyway", method, id.dump());
+  }
+  if (method == "initialize") {
+    initialize(id, params);
+  } else if (method == "ping") {
+    send(make_result(id, complete(json::object(), era)));
+  } else if (method == "server/discover") {
+    discover(id);
+  } else if (method == "tools/list") {
+    tools_list(id, era);
+  } else if (method == "tools/call") {
+    tools_call(id, params, era);
+  } else {
+    log().info("{} (id {}): method not found", method, id.dump());
+    send(make_error(id, rpc_error::kMethodNotFound, "Method not found: " + method));
+  }
+}
+
+void StdioServer::Impl::initialize(const json& id, const json& params) {
+  std::string requested;
+  if (const auto v = params.find("protocolVersion"); v != params.end()) {
+    if (!v->is_string()) {
+      send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"protocolVersion\" must be a string"));
+      return;
+    }
+    requested = v->get<std::string>();
+  }
+  legacy_version = is_legacy_version(requested) ? requested : std::string(kLatestLegacyVersion);
+  initialized = true;
+  std::string client = "an unnamed client";
+  if (const auto info = params.find("clientInfo"); info != params.end() && info->is_object()) {
+    client = info->value("name", std::string("?")) + " " + info->value("version", std::string("?"));
+  }
+  log().info("initialize: {} asked for {}, speaking {}", client, requested.empty() ? "no version" : requested,
+             legacy_version);
+  json result = {{"protocolVersion", legacy_version},
+                 {"capabilities", {{"tools", {{"listChanged", false}}}}},
+                 {"serverInfo", server_info()}};
+  if (!opts.instructions.empty()) result["instructions"] = opts.instructions;
+  send(make_result(id, std::move(result)));
+}
+
+void StdioServer::Impl::discover(const json& id) {
+  // server/discover is modern by nature, so it gets the modern result even without _meta.
+  json result = {{"resultType", "complete"},
+                 {"supportedVersions", supported_versions()},
+                 {"capabilities", {{"tools", json::object()}}},
+                 {"_meta", {{std::string(kMetaServerInfo), server_info()}}},
+                 {"ttlMs", kListTtlMs},
+                 {"cacheScope", "public"}};
+  if (!opts.instructions.empty()) result["instructions"] = opts.instructions;
+  send(make_result(id, std::move(result)));
+}
+
+void StdioServer::Impl::tools_list(const json& id, const Era& era) {
+  json tools = handler.tool_list();
+  if (!tools.is_array()) throw std::logic_error("the tool handler's tool list is not an array");
+  json result = {{"tools", std::move(tools)}};
+  if (era.modern) {
+    result["ttlMs"] = kListTtlMs;
+    result["cacheScope"] = "public";
+  }
+  send(make_result(id, complete(std::move(result), era)));
+}
+
+void StdioServer::Impl::tools_call(const json& id, const json& params, const Era& era) {
+  const auto name = params.find("name");
+  if (name == params.end() || !name->is_string()) {
+    send(make_error(id, rpc_error::kInvalidParams, "Invalid params: tools/call needs \"name\", a string"));
+    return;
+  }
+  json arguments = json::object();
+  if (const auto a = params.find("arguments"); a != params.end() && !a->is_null()) {
+    if (!a->is_object()) {
+      send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"arguments\" must be an object"));
+      return;
+    }
+    arguments = *a;
+  }
+  const std::string& tool = name->get_ref<const std::string&>();
+  const json tools = handler.tool_list();
+  const bool known = tools.is_array() && std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+                       return t.is_object() && t.value("name", json()) == tool;
+                     });
+  if (!known) {
+    log().info("tools/call (id {}): unknown tool {}", id.dump(), tool);
+    send(make_error(id, rpc_error::kInvalidParams, "Unknown tool: " + tool));
+    return;
+  }
+  std::optional<json> token;
+  if (const auto meta = params.find("_meta"); meta != params.end() && meta->is_object()) {
+    if (const auto t = meta->find("progressToken"); t != meta->end()) {
+      if (t->is_string() || t->is_number_integer()) {
+        token = *t;
+      } else {
+        log().debug("tools/call (id {}): progressToken {} is not a string or an integer, ignored", id.dump(),
+                    t->dump());
+      }
+    }
+  }
+
+  auto st = std::make_shared<CallState>();
+  Call& call = st->call;
+  call.id = id;
+  call.tool = tool;
+  call.arguments = std::move(arguments);
+  call.progress_token = std::move(token);
+  call.protocol_version = era.version;
+  call.modern = era.modern;
+  call.progress = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
+                      double progress, std::optional<double> total, const std::string& message) {
+    send_progress(weak_state, weak_shared, progress, total, message);
+  };
+
+  reap();
+  const std::string key = id_key(id);
+  std::optional<json> refusal;
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    if (shared->in_flight.count(key) != 0) {
+      refusal = make_error(id, rpc_error::kInvalidRequest,
+                           "Invalid Request: id " + key + " is already used by a call in flight");
+    } else if (shared->in_flight.size() >= opts.max_concurrent) {
+      refusal = make_error(id, rpc_error::kTooManyCalls,
+                           "too many calls in flight (" + std::to_string(opts.max_concurrent) +
+                               "); wait for one to finish, or cancel one");
+    } else {
+      const std::uint64_t seq = next_seq++;
+      shared->in_flight.emplace(key, st);
+      try {
+        // The thread's last step takes calls_mutex, so it cannot report itself finished before
+        // it is in `threads`.
+        shared->threads.emplace(seq, std::thread(run_call, shared, std::ref(handler), st, seq, era));
+      } catch (const std::system_error& e) {
+        shared->in_flight.erase(key);
+        refusal = make_error(id, rpc_error::kInternalError,
+                             std::string("Internal error: cannot start a thread for the call: ") + e.what());
+      }
+    }
+  }
+  if (refusal) {
+    log().warn("tools/call {} (id {}) refused: {}", tool, id.dump(), (*refusal)["error"]["message"].get<std::string>());
+    send(*refusal);
+    return;
+  }
+  log().debug("tools/call {} (id {}) started", tool, id.dump());
+}
+
+void StdioServer::Impl::cancel(const json& params) {
+  const auto request_id = params.find("requestId");
+  if (request_id == params.end() || !is_valid_id(*request_id)) {
+    log().debug("notifications/cancelled without a valid requestId, ignored");
+    return;
+  }
+  std::shared_ptr<CallState> st;
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    if (const auto it = shared->in_flight.find(id_key(*request_id)); it != shared->in_flight.end()) st = it->second;
+  }
+  if (!st) {
+    // Finished already (the reply may be on its way), or not a tools/call: nothing to stop.
+    log().debug("notifications/cancelled for {}: not in flight, ignored", request_id->dump());
+    return;
+  }
+  {
+    std::lock_guard lock(st->mutex);
+    if (st->replied || st->dropped) return;
+    st->dropped = true;
+    st->call.cancelled = true;
+  }
+  std::string reason;
+  if (const auto r = params.find("reason"); r != params.end() && r->is_string()) reason = r->get<std::string>();
+  log().info("tools/call {} (id {}) cancelled by the client{}{}", st->call.tool, request_id->dump(),
+             reason.empty() ? "" : ": ", reason);
+  try {
+    handler.cancelled(st->call);
+  } catch (const std::exception& e) {
+    log().error("tools/call {} (id {}): the tool's cancel hook failed: {}", st->call.tool, request_id->dump(),
+                e.what());
+  }
+}
+
+void StdioServer::Impl::reap() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    for (std::uint64_t seq : shared->finished) {
+      if (auto it = shared->threads.find(seq); it != shared->threads.end()) {
+        done.push_back(std::move(it->second));
+        shared->threads.erase(it);
+      }
+    }
+    shared->finished.clear();
+  }
+  for (std::thread& t : done) t.join();  // each is at its last line, or past it
+}
+
+void StdioServer::Impl::at_eof() {
+  std::vector<std::shared_ptr<CallState>> running;
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    for (const auto& entry : shared->in_flight) running.push_back(entry.second);
+  }
+  for (const auto& st : running) {
+    std::lock_guard lock(st->mutex);
+    st->call.cancelled = true;
+  }
+  if (!running.empty()) {
+    log().info("stdin closed with {} call(s) in flight; waiting up to {} ms for them", running.size(),
+               opts.eof_grace.count());
+    std::unique_lock lock(shared->calls_mutex);
+    shared->calls_done.wait_for(lock, opts.eof_grace, [&] { return shared->in_flight.empty(); });
+  }
+  reap();
+  {
+    std::lock_guard lock(shared->calls_mutex);
+    if (!shared->threads.empty()) {
+      log().warn("{} call(s) still running after {} ms; abandoned", shared->threads.size(), opts.eof_grace.count());
+      for (auto& entry : shared->threads) entry.second.detach();
+      shared->threads.clear();
+    }
+  }
+  shared->close_output();
+  try {
+    handler.shutdown();
+  } catch (const std::exception& e) {
+    log().error("tool handler shutdown failed: {}", e.what());
+  }
+}
+
+StdioServer::StdioServer(ToolHandler& handler, std::istream& in, std::ostream& out, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(handler, in, out, std::move(opts))) {}
+
+StdioServer::~StdioServer() = default;
+
+int StdioServer::run() {
+  Impl& s = *impl_;
+  LineReader reader(s.in, s.opts.max_line_bytes);
+  std::string line;
+  std::size_t length = 0;
+  for (;;) {
+    const LineReader::Status status = reader.next(line, length);
+    if (status == LineReader::Status::eof) break;
+    if (status == LineReader::Status::too_long) {
+      log().warn("stdin: a message of {} bytes is over the {} byte limit, skipped", length, s.opts.max_line_bytes);
+      s.send(make_error(nullptr, rpc_error::kParseError,
+                        "Parse error: a message of " + std::to_string(length) + " bytes exceeds the limit of " +
+                            std::to_string(s.opts.max_line_bytes) + " bytes; it was skipped"));
+      continue;
+    }
+    try {
+      s.handle_line(line);
+    } catch (const std::exception& e) {  // e.g. out of memory while building a reply
+      log().error("stdin: message dropped: {}", e.what());
+    }
+    s.reap();
+  }
+  log().debug("stdin: EOF");
+  s.at_eof();
+  return 0;
+}
+
+}  // namespace kgate::mcp

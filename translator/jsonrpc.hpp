@@ -1,0 +1,144 @@
+// MCP over stdio: newline-delimited JSON-RPC 2.0 for both protocol eras, tools handed to a ToolHandler.
+//
+// StdioServer reads one JSON-RPC message per line from `in` and writes one per line to `out`.
+// It answers the protocol itself (initialize, ping, server/discover, tools/list, errors) and
+// passes each tools/call to the ToolHandler on a thread of its own.
+//
+// Protocol eras (MCP):
+// - legacy (2025-03-26, 2025-06-18, 2025-11-25): `initialize` picks the version. Requests that
+//   arrive before it are answered anyway; see the comment on requests before initialize in jsonrpc.cpp.
+// - modern (2026-07-28): no handshake. A request is modern when its params._meta carries
+//   "io.modelcontextprotocol/protocolVersion". Its result then also carries resultType:"complete"
+//   and _meta serverInfo (tools/list and server/discover also ttlMs and cacheScope).
+//
+// Error codes: the JSON-RPC ones (-32700, -32600, -32601, -32602, -32603), MCP's -32022
+// (UnsupportedProtocolVersion), and kgate's own kTooManyCalls (-32010); see rpc_error below.
+//
+// Threads:
+// - run() is the reader thread. It also writes every reply to a request other than tools/call,
+//   and it calls ToolHandler::tool_list() and ToolHandler::cancelled().
+// - Each tools/call runs ToolHandler::call() on its own std::thread. Its reply is written from
+//   that thread, and so is its progress.
+// - Writes to `out` are serialized under one mutex. Each message is one line, and `out` is
+//   flushed after each line.
+//
+// The process must ignore SIGPIPE. If it doesn't, a reply written after the client has closed
+// stdout kills it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "kgate/wire.hpp"
+
+namespace kgate::mcp {
+
+using kgate::json;
+
+// The error codes StdioServer sends.
+namespace rpc_error {
+inline constexpr int kParseError = -32700;      // not JSON, too long, or nested too deep; the id is null
+inline constexpr int kInvalidRequest = -32600;  // not a JSON-RPC 2.0 request, a bad id, a batch, or an id already in flight
+inline constexpr int kMethodNotFound = -32601;
+inline constexpr int kInvalidParams = -32602;   // bad params, an unknown tool, InvalidParams, missing modern _meta
+inline constexpr int kInternalError = -32603;   // an exception escaped the server's own code
+// From the -32000..-32099 range that JSON-RPC leaves to servers. The numbers that were passed over:
+// -32000 and -32001 (the MCP SDKs' ConnectionClosed and RequestTimeout), -32002 (MCP's resource
+// not found), and -32020..-32099 (reserved by MCP 2026-07-28).
+inline constexpr int kTooManyCalls = -32010;    // max_concurrent tools/call already in flight
+inline constexpr int kUnsupportedProtocolVersion = -32022;  // MCP 2026-07-28; data {supported, requested}
+}  // namespace rpc_error
+
+// The versions StdioServer speaks, newest first.
+inline constexpr std::string_view kModernVersion = "2026-07-28";
+inline constexpr std::string_view kLatestLegacyVersion = "2025-11-25";
+
+// A tool's arguments were wrong. StdioServer turns it into JSON-RPC error -32602 with this message.
+struct InvalidParams : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One tools/call in flight. StdioServer owns it until ToolHandler::call returns.
+struct Call {
+  json id;                               // the request id
+  std::string tool;
+  json arguments = json::object();
+  std::optional<json> progress_token;    // params._meta.progressToken (a string or an integer)
+  // Set when notifications/cancelled names this id, and at stdin EOF. Read it while waiting.
+  std::atomic<bool> cancelled{false};
+  std::string protocol_version;          // negotiated (legacy: initialize, or 2025-11-25 before it) or from _meta (modern)
+  bool modern = false;
+  // Sends notifications/progress {progressToken, progress, total?, message?} if the request had a
+  // progressToken, and does nothing otherwise. Thread-safe. A value that isn't finite, or doesn't
+  // exceed the last one sent, is dropped. Nothing is sent once the call has its reply or has been
+  // cancelled, even if the function is called later from another thread.
+  std::function<void(double progress, std::optional<double> total, const std::string& message)> progress;
+};
+
+// What a tool returns: MCP content blocks, and whether they describe a failure.
+struct ToolReply {
+  json content = json::array();
+  bool is_error = false;
+};
+
+// The tools. Implemented by the translator's tool layer and by test fakes.
+class ToolHandler {
+ public:
+  virtual ~ToolHandler() = default;
+  // The "tools" array of tools/list, always in the same order. StdioServer calls it on the reader
+  // thread, for each tools/list and each tools/call, which is how it checks the tool name.
+  virtual json tool_list() const = 0;
+  // Runs one call on its own worker thread and may block for minutes; calls can run concurrently.
+  // Throw InvalidParams for bad arguments (the client gets -32602). Any other exception becomes a
+  // tool result with isError true and the exception's message as text, not a JSON-RPC error.
+  virtual ToolReply call(Call& call) = 0;
+  // notifications/cancelled arrived for `call` (call.cancelled is already set). The server then
+  // sends no reply for it. Runs on the reader thread and must not block. At stdin EOF the server
+  // sets call.cancelled but does not call this: a conversation that ends is not a request to stop.
+  virtual void cancelled(Call& /*call*/) {}
+  // Stdin reached EOF and the in-flight calls ended (or eof_grace ran out). Runs on the reader
+  // thread, just before run() returns.
+  virtual void shutdown() {}
+};
+
+struct ServerOptions {
+  // A longer line gets -32700 ("... exceeds the limit ..."). It is skipped and the server goes on.
+  std::size_t max_line_bytes = 64u << 20;
+  // How many tools/call may be in flight at once. One more gets rpc_error::kTooManyCalls.
+  std::size_t max_concurrent = 16;
+  // At stdin EOF, the server sets `cancelled` on every call in flight and waits up to this long
+  // for them to end. Replies that come in this time are still written, since a client may close
+  // stdin and go on reading stdout. Then it calls shutdown() and run() returns. A call still
+  // running after that is abandoned: its thread is detached, nothing more from it is written,
+  // and it may still be inside ToolHandler::call. The process should exit without destroying
+  // the handler, e.g. with std::_Exit after flushing.
+  std::chrono::milliseconds eof_grace{2000};
+  // The "instructions" of the initialize and server/discover results; left out when empty.
+  std::string instructions;
+};
+
+// Serves one client until EOF on `in`. The constructor does no I/O.
+class StdioServer {
+ public:
+  StdioServer(ToolHandler& handler, std::istream& in, std::ostream& out, ServerOptions opts = {});
+  ~StdioServer();
+  StdioServer(const StdioServer&) = delete;
+  StdioServer& operator=(const StdioServer&) = delete;
+
+  // Reads until EOF and returns the exit code (0). Call it once.
+  int run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kgate::mcp

@@ -1,0 +1,872 @@
+// The tools kgate-mcp offers (see tools.hpp).
+#include "tools.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "kgate/connection.hpp"
+#include "install_inspectors_py.hpp"
+#include "startup_wrapper_py.hpp"
+
+extern char** environ;
+
+namespace kgate::mcp {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr double kDefaultTimeout = 30;    // execute: seconds before a cell becomes a job to poll
+constexpr double kMaxTimeout = 3600;
+constexpr double kDefaultPollWait = 10;   // poll_job: a ceiling, not a delay
+constexpr double kMaxPollWait = 30;
+constexpr double kSlice = 1.0;            // waits are sliced so cancellation and progress are prompt
+constexpr auto kCreateTimeout = 120s;
+constexpr double kSetupTimeout = 120;
+
+json text_block(const std::string& s) { return {{"type", "text"}, {"text", s}}; }
+ToolReply text_reply(const std::string& s, bool is_error = false) {
+  ToolReply r;
+  r.content = json::array({text_block(s)});
+  r.is_error = is_error;
+  return r;
+}
+
+std::string short_id(const std::string& id) { return id.substr(0, 8); }
+
+std::string str_arg(const json& args, const char* key, const std::string& fallback = "") {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) return fallback;
+  if (!it->is_string()) throw InvalidParams(std::string("'") + key + "' must be a string");
+  return it->get<std::string>();
+}
+
+double num_arg(const json& args, const char* key, double fallback, double lo, double hi) {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) return fallback;
+  if (!it->is_number()) throw InvalidParams(std::string("'") + key + "' must be a number of seconds");
+  double v = it->get<double>();
+  if (!(v >= lo && v <= hi))
+    throw InvalidParams(std::string("'") + key + "' must be between " + std::to_string(int(lo)) + " and " +
+                        std::to_string(int(hi)) + " seconds");
+  return v;
+}
+
+std::string status_of(const json& job) { return job.value("status", ""); }
+bool running(const json& job) { return status_of(job) == "running"; }
+
+std::string fmt_seconds(double s) {
+  std::ostringstream ss;
+  ss.precision(s < 10 ? 2 : 1);
+  ss << std::fixed << s;
+  return ss.str();
+}
+
+// Substitutes the embedded Python templates' placeholders with JSON string literals (a JSON
+// string is a valid Python str literal).
+std::string py_template(std::string_view tpl, const std::string& source, const std::string& path) {
+  std::string out(tpl);
+  auto put = [&](const std::string& key, const std::string& value) {
+    std::string lit = json(value).dump();
+    for (auto pos = out.find(key); pos != std::string::npos; pos = out.find(key, pos + lit.size()))
+      out.replace(pos, key.size(), lit);
+  };
+  put("__KGATE_SOURCE__", source);
+  put("__KGATE_PATH__", path);
+  return out;
+}
+
+std::optional<std::string> read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string content_text(const json& content) {
+  std::string s;
+  for (auto& b : content)
+    if (b.value("type", "") == "text") s += (s.empty() ? "" : "\n") + b.value("text", "");
+  return s;
+}
+
+void append_text(json& content, const std::string& text) {
+  if (text.empty()) return;
+  if (!content.empty() && content.back().value("type", "") == "text")
+    content.back()["text"] = content.back().value("text", "") + text;
+  else
+    content.push_back(text_block(text));
+}
+
+const char* kConnectDesc =
+    "Connect this conversation to a Jupyter kernel, making it the current kernel that execute, "
+    "poll_job, restart and interrupt act on.\n\n"
+    "host: '' (default) is the local kgate gateway; a name is an entry of "
+    "$XDG_CONFIG_HOME/kgate/gateways.toml (which holds its URL and token: never pass tokens "
+    "here); a URL (http://host:port/) is used as is.\n"
+    "kernel: a unique prefix of an existing kernel's id (see list_kernels). With it, this "
+    "attaches to that kernel as it is and runs nothing: its variables and imports are still "
+    "there. That is how a later conversation resumes earlier work. Without it, a fresh kernel is "
+    "created, startup.py runs in it and inspectors.py is installed; the reply gives the new id "
+    "(write it down: a later conversation reconnects with it) and startup's output.\n\n"
+    "On the default gateway a new kernel starts in this conversation's working directory with "
+    "its environment. Kernels made or attached with connect are never stopped implicitly: "
+    "stop_kernel stops one. If the current kernel was the auto kernel (made by execute), "
+    "connecting elsewhere stops it; connecting to it by id keeps it.";
+
+const char* kExecuteDesc =
+    "Run Python code in the current kernel (as a notebook cell would) and return its output: "
+    "stdout/stderr, the value of the last expression, errors with a capped traceback, and "
+    "images (matplotlib figures, PIL images, ...) as image blocks. State persists between "
+    "calls: variables, imports and definitions stay until a restart.\n\n"
+    "If there is no current kernel, one is created for this conversation (the auto kernel), "
+    "stopped when the conversation ends unless you connect to it.\n\n"
+    "timeout (default 30 s): how long to wait. A cell still running then keeps running as a "
+    "job: the reply gives its id (job-N) and the output so far. Use poll_job('job-N') to wait "
+    "for it or read it later, and interrupt to stop it. Do not re-run it.\n\n"
+    "Only one cell runs at a time in a kernel and an agent's cell does not queue: if the user "
+    "(a person attached to the same kernel) or an earlier job is running, the call is refused "
+    "and names the running job: wait for it with poll_job. input() is not available (it "
+    "raises StdinNotImplementedError). Output is cleaned (ANSI colours removed, progress bars "
+    "collapsed) and capped; print summaries rather than huge dumps. When the user ran cells "
+    "since your last call, the reply ends with a note naming them: read them with poll_job, "
+    "since variables may have changed.";
+
+const char* kPollDesc =
+    "Wait for a job (job-N, from execute or from the note about the user's cells) and return "
+    "its state, how long it ran, and its output. wait (default 10 s, at most 30) is a ceiling, "
+    "not a delay: it returns the moment the job ends, so do not call it in a loop without "
+    "reason. Works for anyone's job, the user's included.";
+
+const char* kListDesc =
+    "List the kernels of a gateway (host as in connect; default: the current gateway, else "
+    "the local one): id, state, connections, which agent holds it, and '<- current'. Kernels "
+    "linger until stopped: an old kernel here may hold a previous conversation's work, which "
+    "connect(kernel=id) resumes.";
+
+const char* kStopDesc =
+    "Stop (shut down) a kernel: kernel is a unique id prefix, default the current kernel. Its "
+    "state is lost. Stopping the current kernel clears the pointer; the next execute makes a "
+    "new auto kernel.";
+
+const char* kRestartDesc =
+    "Restart a kernel with a fresh interpreter (default the current one). Every variable, "
+    "import and monkeypatch is lost, the user's too if they are attached. On a kernel this "
+    "conversation created, startup.py and inspectors.py run again. Use it when the kernel is "
+    "wedged, or when state is confused (symptoms: isinstance failing on reloaded classes, "
+    "stale modules).";
+
+const char* kInterruptDesc =
+    "Interrupt the running job of a kernel (default the current one): a KeyboardInterrupt at "
+    "its next bytecode, the kernel and its state survive. The reply names the job it stopped. "
+    "You may only stop your own jobs; a cell the user is running is theirs to stop.";
+
+const char* kStatusDesc =
+    "Describe the connection: the gateway, the current kernel and its state, the job running "
+    "on it, which agent holds it, and the command a person can paste in a terminal to attach "
+    "a console (qtconsole / jupyter console) to the same kernel.";
+
+json kernel_prop() {
+  return {{"type", "string"},
+          {"description", "A unique prefix of a kernel id (see list_kernels); default: the current kernel."}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+
+Translator::Translator(Config cfg)
+    : cfg_(std::move(cfg)), agent_("kgate-mcp-" + new_hex_id().substr(0, 12)) {
+  label_ = "kgate-mcp (pid " + std::to_string(::getpid()) + ")";
+}
+
+Translator::~Translator() {
+  agent_link_.stop();
+  channel_.close();
+}
+
+json Translator::tool_list() const {
+  auto obj = [](json props, std::vector<std::string> required = {}) {
+    json s = {{"type", "object"}, {"properties", props}, {"additionalProperties", false}};
+    if (!required.empty()) s["required"] = required;
+    return s;
+  };
+  json host = {{"type", "string"},
+               {"description", "'' = the local kgate; a gateways.toml name; or a URL. Never a token."}};
+  return json::array({
+      {{"name", "connect"},
+       {"description", kConnectDesc},
+       {"inputSchema", obj({{"host", host}, {"kernel", {{"type", "string"}, {"description", "An existing kernel's id prefix to attach to; '' creates a new kernel."}}}})}},
+      {{"name", "execute"},
+       {"description", kExecuteDesc},
+       {"inputSchema",
+        obj({{"code", {{"type", "string"}, {"description", "Python code to run."}}},
+             {"timeout", {{"type", "number"}, {"description", "Seconds to wait before returning a job id (default 30, at most 3600)."}}},
+             {"kernel", kernel_prop()}},
+            {"code"})}},
+      {{"name", "poll_job"},
+       {"description", kPollDesc},
+       {"inputSchema",
+        obj({{"job", {{"type", "string"}, {"description", "The job id, job-N."}}},
+             {"wait", {{"type", "number"}, {"description", "Seconds to wait at most for it to end (default 10, at most 30)."}}}},
+            {"job"})}},
+      {{"name", "list_kernels"}, {"description", kListDesc}, {"inputSchema", obj({{"host", host}})}},
+      {{"name", "stop_kernel"}, {"description", kStopDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
+      {{"name", "restart"}, {"description", kRestartDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
+      {{"name", "interrupt"}, {"description", kInterruptDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
+      {{"name", "server_status"}, {"description", kStatusDesc}, {"inputSchema", obj(json::object())}},
+  });
+}
+
+ToolReply Translator::call(Call& c) {
+  if (!c.arguments.is_object()) throw InvalidParams("arguments must be an object");
+  const auto& t = c.tool;
+  if (t == "connect") return connect(c);
+  if (t == "execute") return execute(c);
+  if (t == "poll_job") return poll_job(c);
+  if (t == "list_kernels") return list_kernels(c);
+  if (t == "stop_kernel") return stop_kernel(c);
+  if (t == "restart") return restart(c);
+  if (t == "interrupt") return interrupt(c);
+  if (t == "server_status") return server_status(c);
+  throw InvalidParams("Unknown tool: " + t);
+}
+
+void Translator::cancelled(Call& c) {
+  // The waiting execute sees call.cancelled within a slice and stops its job itself.
+  spdlog::info("call {} cancelled", c.id.dump());
+}
+
+void Translator::shutdown() {
+  // A kernel being created now becomes current first, so it is stopped below, not leaked.
+  std::lock_guard create(create_mu_);
+  std::optional<Current> cur;
+  {
+    std::lock_guard lk(mu_);
+    cur = current_;
+    current_.reset();
+  }
+  if (cur && cur->auto_kernel) {
+    auto r = client(cur->ep)->request("DELETE", "api/kernels/" + cur->kernel, nullptr, 10s);
+    if (r.status == 204 || r.status == 404)
+      spdlog::info("stopped the auto kernel {}", cur->kernel);
+    else
+      spdlog::warn("could not stop the auto kernel {}: {}", cur->kernel, r.message());
+  }
+  channel_.close();
+  agent_link_.stop();
+}
+
+std::shared_ptr<HttpClient> Translator::client(const Endpoint& ep) {
+  std::lock_guard lk(clients_mu_);
+  auto& c = clients_[ep.url + "#" + ep.name];
+  if (!c) c = std::make_shared<HttpClient>(ep);
+  return c;
+}
+
+void Translator::make_current(Current cur) {
+  bool same_gateway;
+  {
+    std::lock_guard lk(mu_);
+    same_gateway = current_ && current_->ep.url == cur.ep.url;
+    current_ = cur;
+  }
+  if (cur.kgate && (!same_gateway || !agent_link_.connected())) agent_link_.start(cur.ep, agent_, label_);
+  if (!cur.kgate) agent_link_.stop();
+  std::string err;
+  if (!channel_.open(cur.ep, cur.kernel, agent_, 10s, err))
+    spdlog::warn("kernel {}: {} (images will be missing)", cur.kernel, err);
+}
+
+std::optional<Translator::Target> Translator::target(const json& args, std::string& error) {
+  std::string prefix = str_arg(args, "kernel");
+  std::optional<Current> cur;
+  {
+    std::lock_guard lk(mu_);
+    cur = current_;
+  }
+  if (prefix.empty()) {
+    if (!cur) {
+      error = "no current kernel: call connect (or execute, which makes one), or pass a kernel id from list_kernels";
+      return std::nullopt;
+    }
+    return Target{*cur, client(cur->ep)};
+  }
+  Endpoint ep;
+  if (cur) ep = cur->ep;
+  else if (!resolve_gateway(cfg_, "", ep, error)) return std::nullopt;
+  auto http = client(ep);
+  auto r = http->get("api/kernels");
+  if (r.status != 200) {
+    error = "cannot list the kernels of " + ep.url + ": " + r.message();
+    return std::nullopt;
+  }
+  std::vector<std::string> matches;
+  for (auto& k : r.json_body())
+    if (k.is_object() && k.value("id", "").rfind(prefix, 0) == 0) matches.push_back(k.value("id", ""));
+  if (matches.empty()) {
+    error = "no kernel matching '" + prefix + "' on " + ep.url;
+    return std::nullopt;
+  }
+  if (matches.size() > 1) {
+    error = "'" + prefix + "' matches " + std::to_string(matches.size()) + " kernels; give more of the id";
+    return std::nullopt;
+  }
+  Current t;
+  t.ep = ep;
+  t.kernel = matches[0];
+  t.kgate = cur ? cur->kgate : true;
+  if (cur && cur->kernel == t.kernel) t = *cur;
+  return Target{t, http};
+}
+
+// ---------------------------------------------------------------------------------------
+// Running cells
+
+json Translator::run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
+                          std::string& job, bool& still_running, std::string& refusal,
+                          std::vector<CellOutput>* direct) {
+  still_running = false;
+  auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  if (!t.cur.kgate) {
+    // A stock Jupyter server: the cell goes straight over the kernel's websocket.
+    if (!channel_.is_open() || channel_.kernel() != t.cur.kernel) {
+      std::string err;
+      if (!channel_.open(t.cur.ep, t.cur.kernel, agent_, 10s, err)) {
+        refusal = err;
+        return json();
+      }
+    }
+    json header = make_header("execute_request", agent_);
+    std::string msg_id = header["msg_id"].get<std::string>();
+    json msg = {{"header", header},
+                {"parent_header", json::object()},
+                {"metadata", json::object()},
+                {"content",
+                 {{"code", code}, {"silent", false}, {"store_history", true}, {"user_expressions", json::object()},
+                  {"allow_stdin", false}, {"stop_on_error", false}}},
+                {"buffers", json::array()}};
+    channel_.expect(msg_id);
+    if (!channel_.send("shell", msg)) {
+      refusal = "the kernel's websocket is closed";
+      return json();
+    }
+    auto got = channel_.wait_for(msg_id, std::chrono::milliseconds(long(timeout * 1000)),
+                                 [](const KernelChannel::Collected& c) { return c.idle && c.replied; },
+                                 call ? &call->cancelled : nullptr);
+    still_running = !got.idle;
+    if (call && call->cancelled && still_running)
+      t.http->post("api/kernels/" + t.cur.kernel + "/interrupt", json::object());
+    if (direct) *direct = got.outputs;
+    return json{{"status", still_running ? "running" : got.reply.value("status", "ok")}};
+  }
+  json body = {{"code", code}, {"agent", agent_}, {"label", label_}, {"wait", std::min(timeout, kSlice)},
+               {"origin", host ? "host" : "mcp"}};
+  auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
+  json rec = r.json_body();
+  if (r.status != 200) {
+    if (r.status == 0) refusal = "the gateway did not answer: " + r.error;
+    else refusal = r.message();
+    if (r.status == 404) refusal = "kernel " + t.cur.kernel + " is gone (stopped, or the gateway restarted). " +
+                                   "connect to create or attach to another.";
+    if (rec.is_object() && rec.value("refusal", "") == "dead")
+      refusal = "NOTE: the kernel process died (" + rec.value("message", "") + "). restart it, or connect to another.";
+    return rec;
+  }
+  job = rec.value("job", "");
+  if (call) {
+    std::lock_guard lk(calls_mu_);
+    call_jobs_[call] = job;
+  }
+  while (running(rec)) {
+    double left = timeout - elapsed();
+    if (left <= 0) break;
+    if (call && call->cancelled) break;
+    if (call && call->progress) call->progress(elapsed(), timeout, job + " running");
+    auto p = t.http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
+    if (p.status != 200) break;
+    rec = p.json_body();
+  }
+  if (call && call->cancelled && running(rec)) {
+    t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
+    spdlog::info("{} interrupted: its call was cancelled", job);
+  }
+  still_running = running(rec);
+  return rec;
+}
+
+std::string Translator::foreign_note(const Target& t, std::vector<std::string>& to_ack) {
+  if (!t.cur.kgate) return "";
+  auto r = t.http->get("api/kgate/kernels/" + t.cur.kernel + "/digest?agent=" + agent_, 10s);
+  if (r.status != 200) return "";
+  json d = r.json_body();
+  std::vector<std::string> parts;
+  std::string first;
+  for (auto& e : d.value("jobs", json::array())) {
+    std::string id = e.value("job", ""), st = e.value("status", "");
+    if (first.empty()) first = id;
+    parts.push_back(id + " (" + st + ")");
+    if (st != "running") to_ack.push_back(id);
+  }
+  std::size_t evicted = d.value("evicted_unseen", std::size_t{0});
+  if (parts.empty() && !evicted) return "";
+  std::string list;
+  for (std::size_t i = 0; i < parts.size(); ++i) list += (i ? ", " : "") + parts[i];
+  std::string n = std::to_string(parts.size() + evicted);
+  std::string note = "\n\n[" + n + (parts.size() + evicted == 1 ? " cell was" : " cells were") +
+                     " run by the user since your last call";
+  if (!list.empty()) note += ": " + list;
+  if (evicted) note += (list.empty() ? ": " : "; ") + std::to_string(evicted) + " of them no longer recorded";
+  note += ".";
+  if (!first.empty()) note += " Read them with poll_job('" + first + "').";
+  note += " Variables may have changed.]";
+  return note;
+}
+
+void Translator::ack(const Target& t, const std::vector<std::string>& ids) {
+  if (ids.empty() || !t.cur.kgate) return;
+  t.http->post("api/kgate/kernels/" + t.cur.kernel + "/digest/ack", json{{"agent", agent_}, {"jobs", ids}}, 10s);
+}
+
+bool Translator::run_setup(const Target& t, std::string& output, std::string& error) {
+  auto run_snippet = [&](const std::string& code, const std::string& what) -> std::optional<json> {
+    std::string job, refusal;
+    bool still = false;
+    std::vector<CellOutput> direct;
+    json rec = run_cell(t, code, kSetupTimeout, /*host=*/true, nullptr, job, still, refusal, &direct);
+    if (!t.cur.kgate) {
+      // A stock server has no records: keep the outputs in the record's shape.
+      std::string text;
+      for (auto& o : direct) {
+        if (o.kind == CellOutput::Kind::stream) text += o.text;
+        if (o.kind == CellOutput::Kind::error) text += o.ename + ": " + o.evalue + "\n";
+      }
+      rec["output"] = text;
+      rec["status"] = rec.value("status", "ok") == "ok" && !std::any_of(direct.begin(), direct.end(), [](auto& o) {
+        return o.kind == CellOutput::Kind::error; }) ? "ok" : "error";
+    }
+    if (!refusal.empty()) {
+      error = what + " could not run: " + refusal;
+      return std::nullopt;
+    }
+    if (still) {
+      error = what + " was still running after " + std::to_string(int(kSetupTimeout)) + " s (" + job + ")";
+      return std::nullopt;
+    }
+    return rec;
+  };
+  if (auto src = read_file(cfg_.startup_file())) {
+    auto rec = run_snippet(py_template(kStartupWrapperPy, *src, cfg_.startup_file().string()), "startup.py");
+    if (!rec) return false;
+    if (rec->is_object() && rec->contains("output")) {
+      std::string text = render_text(outputs_from_record(*rec));
+      if (!text.empty()) output += text;
+    }
+  }
+  if (auto src = read_file(cfg_.inspectors_file())) {
+    auto rec = run_snippet(py_template(kInstallInspectorsPy, *src, cfg_.inspectors_file().string()), "inspectors.py");
+    if (!rec) return false;
+    if (rec->is_object() && status_of(*rec) != "ok") {
+      error = "inspectors.py failed to load:\n" + render_text(outputs_from_record(*rec));
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal) {
+  fatal = false;
+  auto http = client(ep);
+  auto api = http->get("api", 10s);
+  if (api.status != 200) {
+    error = "cannot reach the gateway at " + ep.url + ": " + api.message() +
+            (ep.is_default ? ". Start it (scripts/start.sh or `kgate serve`), or set KGATE_URL." : "");
+    return "";
+  }
+  json apij = api.json_body();
+  bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
+  json body = json::object();
+  if (ep.is_default) {
+    json env = json::object();
+    for (char** e = environ; e && *e; ++e) {
+      std::string kv(*e);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos && eq > 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    body["env"] = env;
+    std::error_code ec;
+    auto cwd = std::filesystem::current_path(ec);
+    if (!ec) body["cwd"] = cwd.string();
+  }
+  auto r = http->post("api/kernels", body, kCreateTimeout);
+  if (r.status != 201 && r.status != 200) {
+    error = "could not create a kernel on " + ep.url + ": " + r.message();
+    return "";
+  }
+  std::string id = r.json_body().value("id", "");
+  Current cur{ep, id, auto_kernel, true, kgate};
+  make_current(cur);
+  std::string out = (auto_kernel ? "(created an auto kernel " : "created kernel ") + id + " on " + ep.url +
+                    (auto_kernel ? " for this conversation; it stops when the conversation ends unless you connect to it)" : "");
+  std::string setup_out, setup_err;
+  if (!run_setup(Target{cur, http}, setup_out, setup_err)) {
+    http->request("DELETE", "api/kernels/" + id, nullptr, 15s);
+    {
+      std::lock_guard lk(mu_);
+      if (current_ && current_->kernel == id) current_.reset();
+    }
+    channel_.close();
+    error = setup_err + "\nThe kernel was stopped.";
+    fatal = true;
+    return "";
+  }
+  if (!kgate) out += "\nnote: " + ep.url + " is not a kgate gateway: claims, job records and notes about the user's cells are unavailable.";
+  if (!setup_out.empty()) out += "\n" + setup_out;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Tools
+
+ToolReply Translator::connect(Call& c) {
+  std::string host = str_arg(c.arguments, "host");
+  std::string prefix = str_arg(c.arguments, "kernel");
+  Endpoint ep;
+  std::string error;
+  if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error);
+  std::lock_guard create(create_mu_);
+  std::string note;
+  std::optional<Current> old;
+  {
+    std::lock_guard lk(mu_);
+    old = current_;
+  }
+  auto http = client(ep);
+  if (!prefix.empty()) {
+    auto api = http->get("api", 10s);
+    if (api.status != 200) return text_reply("cannot reach the gateway at " + ep.url + ": " + api.message());
+    json apij = api.json_body();
+    bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
+    auto r = http->get("api/kernels");
+    if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message());
+    std::vector<std::string> matches;
+    for (auto& k : r.json_body())
+      if (k.is_object() && k.value("id", "").rfind(prefix, 0) == 0) matches.push_back(k.value("id", ""));
+    if (matches.empty()) {
+      std::string ids;
+      for (auto& k : r.json_body()) ids += (ids.empty() ? "" : ", ") + short_id(k.value("id", ""));
+      return text_reply("no kernel matching '" + prefix + "' on " + ep.url + (ids.empty() ? " (it has none)" : ": " + ids));
+    }
+    if (matches.size() > 1) return text_reply("'" + prefix + "' matches several kernels; give more of the id");
+    bool keep_auto = old && old->auto_kernel && old->kernel == matches[0];
+    if (old && old->auto_kernel && !keep_auto) {
+      auto d = client(old->ep)->request("DELETE", "api/kernels/" + old->kernel, nullptr, 15s);
+      if (d.status != 204 && d.status != 404) note = "\nnote: stopping the auto kernel failed (" + d.message() + ")";
+    }
+    Current cur{ep, matches[0], false, old && old->kernel == matches[0] && old->made, kgate};
+    make_current(cur);
+    std::vector<std::string> to_ack;
+    std::string fnote = foreign_note(Target{cur, http}, to_ack);
+    std::string text = "connected to existing kernel " + cur.kernel + " on " + ep.url +
+                       (keep_auto ? " (it is no longer the auto kernel: it stays after this conversation)" : "") + note +
+                       fnote;
+    ack(Target{cur, http}, to_ack);
+    return text_reply(text);
+  }
+  if (old && old->auto_kernel) {
+    auto d = client(old->ep)->request("DELETE", "api/kernels/" + old->kernel, nullptr, 15s);
+    if (d.status != 204 && d.status != 404) note = "\nnote: stopping the auto kernel failed (" + d.message() + ")";
+    std::lock_guard lk(mu_);
+    current_.reset();
+  }
+  bool fatal = false;
+  std::string text = create_kernel(ep, false, error, fatal);
+  if (!error.empty()) return text_reply(error + note, fatal);
+  return text_reply(text + note);
+}
+
+ToolReply Translator::execute(Call& c) {
+  auto code_it = c.arguments.find("code");
+  if (code_it == c.arguments.end() || !code_it->is_string()) throw InvalidParams("'code' (a string) is required");
+  std::string code = code_it->get<std::string>();
+  double timeout = num_arg(c.arguments, "timeout", kDefaultTimeout, 0, kMaxTimeout);
+  if (code.find_first_not_of(" \t\r\n") == std::string::npos) return text_reply("(no code: nothing ran)");
+  std::string banner;
+  std::optional<Target> t;
+  std::string error;
+  {
+    std::lock_guard create(create_mu_);  // parallel first calls must not each create a kernel
+    bool have;
+    {
+      std::lock_guard lk(mu_);
+      have = current_.has_value();
+    }
+    if (!have && str_arg(c.arguments, "kernel").empty()) {
+      Endpoint ep;
+      if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+      bool fatal = false;
+      banner = create_kernel(ep, true, error, fatal);
+      if (!error.empty()) return text_reply(error, fatal);
+      banner += "\n";
+    }
+  }
+  t = target(c.arguments, error);
+  if (!t) return text_reply(error);
+  {
+    std::lock_guard lk(calls_mu_);
+    call_targets_[&c] = *t;
+  }
+  std::string job, refusal;
+  bool still = false;
+  std::vector<CellOutput> direct;
+  json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct);
+  {
+    std::lock_guard lk(calls_mu_);
+    call_jobs_.erase(&c);
+    call_targets_.erase(&c);
+  }
+  std::vector<std::string> to_ack;
+  if (!refusal.empty()) {
+    std::string note = foreign_note(*t, to_ack);
+    // A busy refusal already names the running job: the note would repeat it.
+    ack(*t, to_ack);
+    return text_reply(banner + refusal + note);
+  }
+  json content = json::array();
+  std::vector<CellOutput> outs = !t->cur.kgate ? direct
+                                 : rec.is_object() && rec.contains("output") ? outputs_from_record(rec)
+                                                                              : std::vector<CellOutput>{};
+  if (!t->cur.kgate && still) job = "the cell";
+  if (t->cur.kgate && rec.is_object() && !still) {
+    // Images are not in records: take them from the kernel's websocket, once it saw the idle.
+    std::string request = rec.value("request", "");
+    if (!request.empty() && channel_.is_open() && channel_.kernel() == t->cur.kernel) {
+      auto got = channel_.wait_for(request, 500ms, [](const KernelChannel::Collected& cc) { return cc.idle; });
+      for (auto& o : got.outputs) {
+        CellOutput img = o;
+        json data = json::object();
+        for (auto& [mime, v] : o.data.items())
+          if (mime.rfind("image/", 0) == 0 && mime != "image/svg+xml") data[mime] = v;
+        if (data.empty()) continue;
+        img.kind = CellOutput::Kind::display_data;
+        img.data = data;
+        outs.insert(outs.begin(), img);
+      }
+    }
+  }
+  if (still) {
+    std::string partial = render_text(outs);
+    content.push_back(text_block(banner + job + " is still running after " + fmt_seconds(timeout) +
+                                 " s. Poll it with poll_job('" + job + "') (it waits for the end), or stop it with "
+                                 "interrupt. Do not run it again.\nPartial output:\n" +
+                                 (partial.empty() ? "(none yet)" : partial)));
+  } else {
+    content = render_content(outs);
+    if (content.empty() || content_text(content).empty()) append_text(content, "(no output)");
+    if (!banner.empty()) content.insert(content.begin(), text_block(banner));
+  }
+  std::string note = foreign_note(*t, to_ack);
+  // Our own running job is never in the digest; repeats of a user's running cell are fine.
+  append_text(content, note);
+  ack(*t, to_ack);
+  ToolReply r;
+  r.content = content;
+  return r;
+}
+
+ToolReply Translator::poll_job(Call& c) {
+  std::string job = str_arg(c.arguments, "job");
+  if (job.empty()) throw InvalidParams("'job' (job-N) is required");
+  double wait = num_arg(c.arguments, "wait", kDefaultPollWait, 0, kMaxPollWait);
+  std::optional<Current> cur;
+  {
+    std::lock_guard lk(mu_);
+    cur = current_;
+  }
+  Endpoint ep;
+  std::string error;
+  if (cur) ep = cur->ep;
+  else if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+  auto http = client(ep);
+  auto start = std::chrono::steady_clock::now();
+  json rec;
+  while (true) {
+    double left = wait - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    auto r = http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
+    if (r.status == 404) return text_reply("No such job '" + job + "'.");
+    if (r.status != 200) return text_reply("cannot read " + job + " from " + ep.url + ": " + r.message());
+    rec = r.json_body();
+    if (!running(rec) || left <= kSlice || c.cancelled) break;
+    if (c.progress) c.progress(wait - left, wait, job + " running");
+  }
+  std::string body = render_text(outputs_from_record(rec));
+  std::string head = job + ": " + status_of(rec) + " (" + fmt_seconds(rec.value("elapsed", 0.0)) + " s)" +
+                     (rec.value("origin", "") == "user" ? ", run by the user" : "");
+  std::string text = head + "\n" + (running(rec) ? "Partial output:\n" : "") + (body.empty() ? "(no output)" : body);
+  if (cur) {
+    Target t{*cur, http};
+    std::vector<std::string> to_ack;
+    text += foreign_note(t, to_ack);
+    ack(t, to_ack);
+  }
+  return text_reply(text);
+}
+
+ToolReply Translator::list_kernels(Call& c) {
+  std::string host = str_arg(c.arguments, "host");
+  std::optional<Current> cur;
+  {
+    std::lock_guard lk(mu_);
+    cur = current_;
+  }
+  Endpoint ep;
+  std::string error;
+  if (host.empty() && cur) ep = cur->ep;
+  else if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error);
+  auto http = client(ep);
+  auto r = http->get("api/kgate/kernels");
+  bool ext = r.status == 200;
+  if (!ext) r = http->get("api/kernels");
+  if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message());
+  std::string out;
+  for (auto& k : r.json_body()) {
+    std::string id = k.value("id", "");
+    out += id + "  " + k.value("execution_state", "") + "  connections=" + std::to_string(k.value("connections", 0));
+    if (ext && k.contains("claim") && k["claim"].is_object()) {
+      auto& cl = k["claim"];
+      out += "  held by " + (cl.value("agent", "") == agent_ ? std::string("you") : cl.value("label", cl.value("agent", ""))) +
+             (cl.value("alive", false) ? "" : " (gone)");
+    }
+    if (ext && k.contains("running_job") && k["running_job"].is_string()) out += "  running " + k["running_job"].get<std::string>();
+    if (cur && cur->kernel == id && cur->ep.url == ep.url) out += "  <- current";
+    out += "\n";
+  }
+  if (out.empty()) return text_reply("no kernels on " + ep.url);
+  out.pop_back();
+  return text_reply(out);
+}
+
+ToolReply Translator::stop_kernel(Call& c) {
+  std::string error;
+  auto t = target(c.arguments, error);
+  if (!t) return text_reply(error);
+  auto r = t->http->request("DELETE", "api/kernels/" + t->cur.kernel, nullptr, 15s);
+  if (r.status != 204 && r.status != 404)
+    return text_reply("could not stop kernel " + t->cur.kernel + ": " + r.message());
+  bool was_current;
+  {
+    std::lock_guard lk(mu_);
+    was_current = current_ && current_->kernel == t->cur.kernel;
+    if (was_current) current_.reset();
+  }
+  if (was_current) channel_.close();
+  return text_reply((r.status == 404 ? "kernel " + t->cur.kernel + " was already gone" : "stopped kernel " + t->cur.kernel) +
+                    (was_current ? " (it was the current kernel: the next execute makes a new one)" : ""));
+}
+
+ToolReply Translator::restart(Call& c) {
+  std::string error;
+  auto t = target(c.arguments, error);
+  if (!t) return text_reply(error);
+  HttpResult r = t->cur.kgate
+                     ? t->http->post("api/kgate/kernels/" + t->cur.kernel + "/restart", json{{"agent", agent_}, {"label", label_}}, 90s)
+                     : t->http->post("api/kernels/" + t->cur.kernel + "/restart", json::object(), 90s);
+  if (r.status == 404) {
+    // Gone: a fresh kernel on the same gateway, if it was the current one.
+    bool current;
+    {
+      std::lock_guard lk(mu_);
+      current = current_ && current_->kernel == t->cur.kernel;
+    }
+    if (!current) return text_reply("kernel " + t->cur.kernel + " no longer exists");
+    bool fatal = false;
+    std::string text = create_kernel(t->cur.ep, t->cur.auto_kernel, error, fatal);
+    if (!error.empty()) return text_reply("kernel " + t->cur.kernel + " was gone, and a fresh one could not be made: " + error, fatal);
+    return text_reply("kernel " + t->cur.kernel + " was gone; " + text +
+                      "\nNOTE: this is a fresh interpreter: all earlier state is lost.");
+  }
+  if (r.status == 0)
+    return text_reply("restart did not complete (" + r.error + "): retry, or connect for a fresh kernel; check the gateway if this persists");
+  if (r.status != 200)
+    return text_reply("restart failed (" + r.message() + "); the kernel is still listed: retry, stop it, or connect for a fresh one");
+  // Restarts keep the websocket's kernel; reopen ours so no stale state lingers.
+  std::string err;
+  if (channel_.kernel() == t->cur.kernel) channel_.open(t->cur.ep, t->cur.kernel, agent_, 10s, err);
+  if (!t->cur.made)
+    return text_reply("NOTE: the kernel restarted with a fresh interpreter: all state is lost (imports, variables, "
+                      "monkeypatches). Redo any setup the task still needs.");
+  std::string out, serr;
+  if (!run_setup(*t, out, serr)) return text_reply("the kernel restarted, but its setup failed: " + serr, true);
+  return text_reply("NOTE: the kernel restarted with a fresh interpreter: startup.py has been re-run (its imports are "
+                    "back), but all other state is lost (variables, monkeypatches, other imports). Redo what the task "
+                    "still needs." + (out.empty() ? "" : "\n" + out));
+}
+
+ToolReply Translator::interrupt(Call& c) {
+  std::string error;
+  auto t = target(c.arguments, error);
+  if (!t) return text_reply(error);
+  if (!t->cur.kgate) {
+    auto r = t->http->post("api/kernels/" + t->cur.kernel + "/interrupt", json::object());
+    return text_reply(r.status == 204 ? "interrupt sent" : "interrupt failed: " + r.message());
+  }
+  auto k = t->http->get("api/kgate/kernels/" + t->cur.kernel);
+  if (k.status != 200) return text_reply("cannot read kernel " + t->cur.kernel + ": " + k.message());
+  json kj = k.json_body();
+  if (!kj.contains("running_job") || !kj["running_job"].is_string())
+    return text_reply("nothing is running on kernel " + short_id(t->cur.kernel) + ": there is nothing to interrupt");
+  std::string job = kj["running_job"].get<std::string>();
+  auto r = t->http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
+  json rj = r.json_body();
+  if (r.status == 200)
+    return text_reply("Interrupted job " + job + " (a KeyboardInterrupt, at its next bytecode). If it does not stop, use restart.");
+  return text_reply(r.message());
+}
+
+ToolReply Translator::server_status(Call&) {
+  std::optional<Current> cur;
+  {
+    std::lock_guard lk(mu_);
+    cur = current_;
+  }
+  Endpoint ep;
+  std::string error;
+  if (cur) ep = cur->ep;
+  else if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+  auto http = client(ep);
+  std::string out = "gateway: " + ep.url;
+  auto api = http->get("api", 5s);
+  if (api.status != 200) return text_reply(out + " (unreachable: " + api.message() + ")");
+  json apij = api.json_body();
+  out += " (" + apij.value("server", std::string("jupyter")) + " " + apij.value("version", "") + ")";
+  if (!cur) return text_reply(out + "\nno current kernel: connect, or execute (which makes an auto kernel)");
+  out += "\nkernel: " + cur->kernel + (cur->auto_kernel ? " (auto kernel of this conversation)" : "");
+  auto k = http->get((cur->kgate ? "api/kgate/kernels/" : "api/kernels/") + cur->kernel, 5s);
+  if (k.status == 404) return text_reply(out + " — gone (connect to create or attach to another)");
+  json kj = k.json_body();
+  out += "\nstate: " + kj.value("execution_state", "?");
+  if (kj.contains("running_job") && kj["running_job"].is_string()) out += "\nrunning: " + kj["running_job"].get<std::string>();
+  if (kj.contains("claim") && kj["claim"].is_object()) {
+    auto& cl = kj["claim"];
+    out += "\nheld by: " + (cl.value("agent", "") == agent_ ? std::string("you") : cl.value("label", "") + " (" + cl.value("agent", "") + ")");
+  }
+  if (kj.contains("connection_file") && kj["connection_file"].is_string())
+    out += "\nconnection file: " + kj["connection_file"].get<std::string>();
+  if (kj.contains("attach_command") && kj["attach_command"].is_string())
+    out += "\nattach a console: " + kj["attach_command"].get<std::string>();
+  Target t{*cur, http};
+  std::vector<std::string> to_ack;
+  out += foreign_note(t, to_ack);
+  ack(t, to_ack);
+  return text_reply(out);
+}
+
+}  // namespace kgate::mcp

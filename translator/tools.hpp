@@ -1,0 +1,84 @@
+// The tools kgate-mcp offers, and the one piece of state it keeps: a pointer to its current
+// kernel (on which gateway, whether this conversation made it, whether it is the auto kernel).
+//
+// Threading: tool calls run concurrently on the server's worker threads.  `mu_` guards the
+// pointer; `create_mu_` makes parallel first calls share one auto kernel.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "config.hpp"
+#include "gateway.hpp"
+#include "jsonrpc.hpp"
+
+namespace kgate::mcp {
+
+class Translator final : public ToolHandler {
+ public:
+  explicit Translator(Config cfg);
+  ~Translator() override;
+
+  json tool_list() const override;
+  ToolReply call(Call& call) override;
+  void cancelled(Call& call) override;
+  void shutdown() override;  // stops the auto kernel (if still the conversation's), closes links
+
+  const std::string& agent_id() const { return agent_; }
+
+ private:
+  struct Current {
+    Endpoint ep;
+    std::string kernel;
+    bool auto_kernel = false;  // made by execute: stopped when the conversation ends
+    bool made = false;         // made by this translator: restart re-runs the setup
+    bool kgate = false;        // the gateway has kgate's extensions
+  };
+  struct Target {              // the kernel a call acts on
+    Current cur;
+    std::shared_ptr<HttpClient> http;
+  };
+
+  ToolReply connect(Call& c);
+  ToolReply execute(Call& c);
+  ToolReply poll_job(Call& c);
+  ToolReply list_kernels(Call& c);
+  ToolReply stop_kernel(Call& c);
+  ToolReply restart(Call& c);
+  ToolReply interrupt(Call& c);
+  ToolReply server_status(Call& c);
+
+  std::shared_ptr<HttpClient> client(const Endpoint& ep);
+  // The kernel a call names (a unique id prefix) or the current one; `error` says what to do.
+  std::optional<Target> target(const json& args, std::string& error);
+  // Creates a kernel (setup included) and makes it current.  Returns the reply text, or sets
+  // `error` (and `fatal` when it is not an anticipated failure).
+  std::string create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal);
+  void make_current(Current cur);
+  // Runs setup (startup.py, inspectors.py) on a kernel this translator made.
+  bool run_setup(const Target& t, std::string& output, std::string& error);
+  // Runs code as the agent (kgate) or directly on the websocket (stock server) and waits.
+  // `direct` gets the outputs on a stock server (which keeps no records).
+  json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
+                std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct);
+  std::string foreign_note(const Target& t, std::vector<std::string>& to_ack);
+  void ack(const Target& t, const std::vector<std::string>& ids);
+
+  Config cfg_;
+  std::string agent_;  // this conversation's agent id (random per process)
+  std::string label_;
+  std::mutex mu_;
+  std::optional<Current> current_;
+  std::mutex create_mu_;
+  std::mutex clients_mu_;
+  std::map<std::string, std::shared_ptr<HttpClient>> clients_;
+  AgentLink agent_link_;
+  KernelChannel channel_;
+  std::mutex calls_mu_;
+  std::map<const Call*, std::string> call_jobs_;  // the job each in-flight execute started
+  std::map<const Call*, Target> call_targets_;
+};
+
+}  // namespace kgate::mcp

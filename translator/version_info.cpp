@@ -1,0 +1,11 @@
+// What kgate-mcp says about itself (serverInfo).
+#include "version_info.hpp"
+
+#include "kgate/version.hpp"
+
+namespace kgate::mcp {
+
+std::string_view server_name() { return "kgate-mcp"; }
+std::string_view server_version() { return KGATE_VERSION; }
+
+}  // namespace kgate::mcp
