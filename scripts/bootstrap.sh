@@ -8,7 +8,7 @@ PKGS=(
   libssl-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libtomlplusplus-dev
   python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
   python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib
-  jupyter-console chromium libstb-dev libsimdjson-dev nodejs npm procps
+  jupyter-console chromium libstb-dev libsimdjson-dev procps
 )
 
 missing=()
@@ -17,6 +17,12 @@ for p in "${PKGS[@]}"; do
     missing+=("$p")
   fi
 done
+
+# Node.js and npm (the MCP TypeScript SDK end-to-end test): any install will do. A NodeSource
+# nodejs bundles npm and conflicts with Debian's npm package, so only look for the commands.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
