@@ -24,7 +24,18 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   missing+=(nodejs npm)
 fi
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The MCP TypeScript SDK for the end-to-end test, from npm, exactly as package-lock.json pins it.
+npm_deps() {
+  local dir="$here/tests/e2e"
+  if [ -f "$dir/package-lock.json" ] && { [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; }; then
+    echo "bootstrap: npm ci in tests/e2e" >&2
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  npm_deps
   exit 0
 fi
 
@@ -34,3 +45,4 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+npm_deps

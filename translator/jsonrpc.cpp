@@ -714,6 +714,9 @@ StdioServer::~StdioServer() = default;
 
 int StdioServer::run() {
   Impl& s = *impl_;
+  // std::cin is tied to std::cout: each read would flush cout from this thread, unlocked,
+  // while a worker thread writes to it under the write mutex.
+  s.in.tie(nullptr);
   LineReader reader(s.in, s.opts.max_line_bytes);
   std::string line;
   std::size_t length = 0;

@@ -20,7 +20,10 @@
 // - Each tools/call runs ToolHandler::call() on its own std::thread. Its reply is written from
 //   that thread, and so is its progress.
 // - Writes to `out` are serialized under one mutex. Each message is one line, and `out` is
-//   flushed after each line.
+//   flushed after each line. Nothing else may use `out` while run() runs. run() unties `in`
+//   (std::cin is tied to std::cout, which would flush it from the reader thread). A stream tied
+//   to `out` flushes it without the mutex: std::cerr is tied to std::cout, so don't write to
+//   std::cerr while serving (spdlog's stderr sinks don't use it).
 //
 // The process must ignore SIGPIPE. If it doesn't, a reply written after the client has closed
 // stdout kills it.

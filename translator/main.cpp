@@ -6,7 +6,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "config.hpp"
+#include "mcp_config.hpp"
 #include "jsonrpc.hpp"
 #include "tools.hpp"
 #include "version_info.hpp"

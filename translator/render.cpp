@@ -38,9 +38,12 @@ std::size_t char_offset(std::string_view s, std::size_t n) {
   return i;
 }
 
-// Removes ANSI escapes: CSI (ESC [ ... final byte 0x40-0x7E), OSC (ESC ] ... BEL or ESC \) and
-// the short forms (ESC, intermediates 0x20-0x2F, one final byte: ESC ( B, ESC =, ...).
+// Removes ANSI escapes: CSI (ESC [, parameter and intermediate bytes 0x20-0x3F, a final byte
+// 0x40-0x7E), OSC (ESC ] ... BEL or ESC \) and the short forms (ESC, intermediates 0x20-0x2F,
+// a final byte 0x30-0x7E: ESC ( B, ESC =, ...).  A malformed escape loses only its ASCII bytes,
+// so a UTF-8 character after it is never split; an unterminated OSC ends at the line's end.
 std::string strip_ansi(std::string_view s) {
+  auto in = [&](std::size_t i, char lo, char hi) { return i < s.size() && s[i] >= lo && s[i] <= hi; };
   std::string out;
   out.reserve(s.size());
   std::size_t i = 0;
@@ -50,18 +53,17 @@ std::string strip_ansi(std::string_view s) {
       continue;
     }
     ++i;
-    if (i >= s.size()) break;
-    if (s[i] == '[') {
+    if (i < s.size() && s[i] == '[') {
       ++i;
-      while (i < s.size() && !(s[i] >= 0x40 && s[i] <= 0x7E)) ++i;
-      if (i < s.size()) ++i;
-    } else if (s[i] == ']') {
+      while (in(i, 0x20, 0x3F)) ++i;
+      if (in(i, 0x40, 0x7E)) ++i;
+    } else if (i < s.size() && s[i] == ']') {
       ++i;
-      while (i < s.size() && s[i] != '\a' && !(s[i] == '\x1b' && i + 1 < s.size() && s[i + 1] == '\\')) ++i;
-      if (i < s.size()) i += s[i] == '\a' ? 1 : 2;
+      while (i < s.size() && s[i] != '\a' && s[i] != '\n' && !(s[i] == '\x1b' && i + 1 < s.size() && s[i + 1] == '\\')) ++i;
+      if (i < s.size() && s[i] != '\n') i += s[i] == '\a' ? 1 : 2;
     } else {
-      while (i < s.size() && s[i] >= 0x20 && s[i] <= 0x2F) ++i;
-      if (i < s.size()) ++i;
+      while (in(i, 0x20, 0x2F)) ++i;
+      if (in(i, 0x30, 0x7E)) ++i;
     }
   }
   return out;

@@ -74,7 +74,8 @@ std::string cap_traceback(const std::vector<std::string>& tb, std::size_t line_c
 // error, and a mime other than text/plain adds mime="...".
 // Over max_text chars (code points), the middle is cut: about a fifth of the budget is kept from
 // the head and the rest from the tail, snapped to line ends nearby, and a line at the cut says
-// how many chars were cut there and of how many.  The result is at most max_text chars.
+// how many chars were cut there and of how many.  The result is at most max_text chars (for a
+// max_text over 200: the line at the cut takes up to 200).
 std::string render_text(const std::vector<CellOutput>& outs, const RenderOptions& opts = {});
 
 // The MCP tools/call "content" array.  Without images: [{"type":"text","text":render_text}].
@@ -84,8 +85,8 @@ std::string render_text(const std::vector<CellOutput>& outs, const RenderOptions
 // (id = the first 8 hex digits of the SHA-256 of the image bytes sent), then
 // {"type":"image","data":<base64>,"mimeType":...} fitted by fit_image; and last the rendered
 // text as a text block.  An image that cannot be returned (bad base64, not an image, WebP, over
-// max_images) adds a line to the text, <media-unavailable mime="image/png": why>, and never
-// fails the call.
+// max_images) adds a line after the text, <media-unavailable mime="image/png": why>, and
+// never fails the call.
 json render_content(const std::vector<CellOutput>& outs, const RenderOptions& opts = {});
 
 }  // namespace kgate::mcp

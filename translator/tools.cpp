@@ -70,15 +70,22 @@ std::string fmt_seconds(double s) {
 
 // Substitutes the embedded Python templates' placeholders with JSON string literals (a JSON
 // string is a valid Python str literal).
+// One pass over the template, so a placeholder inside the inserted source is left alone; bytes
+// that are not UTF-8 become U+FFFD rather than failing the call.
 std::string py_template(std::string_view tpl, const std::string& source, const std::string& path) {
-  std::string out(tpl);
-  auto put = [&](const std::string& key, const std::string& value) {
-    std::string lit = json(value).dump();
-    for (auto pos = out.find(key); pos != std::string::npos; pos = out.find(key, pos + lit.size()))
-      out.replace(pos, key.size(), lit);
-  };
-  put("__KGATE_SOURCE__", source);
-  put("__KGATE_PATH__", path);
+  static constexpr std::string_view kSource = "__KGATE_SOURCE__", kPath = "__KGATE_PATH__";
+  auto literal = [](const std::string& v) { return json(v).dump(-1, ' ', false, json::error_handler_t::replace); };
+  std::string out;
+  std::size_t i = 0;
+  while (i < tpl.size()) {
+    auto s = tpl.find(kSource, i), p = tpl.find(kPath, i);
+    auto next = std::min(s, p);
+    if (next == std::string_view::npos) break;
+    out.append(tpl.substr(i, next - i));
+    out += next == s ? literal(source) : literal(path);
+    i = next + (next == s ? kSource.size() : kPath.size());
+  }
+  out.append(tpl.substr(std::min(i, tpl.size())));
   return out;
 }
 
@@ -377,8 +384,13 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     else refusal = r.message();
     if (r.status == 404) refusal = "kernel " + t.cur.kernel + " is gone (stopped, or the gateway restarted). " +
                                    "connect to create or attach to another.";
-    if (rec.is_object() && rec.value("refusal", "") == "dead")
+    std::string why = rec.is_object() ? rec.value("refusal", "") : "";
+    if (why == "dead")
       refusal = "NOTE: the kernel process died (" + rec.value("message", "") + "). restart it, or connect to another.";
+    else if (why == "busy" && rec["running_job"].is_string())
+      refusal += " Wait for it with poll_job('" + rec["running_job"].get<std::string>() + "').";
+    else if (why == "claimed")
+      refusal += " Tell the user what you wanted to do and let them decide.";
     return rec;
   }
   job = rec.value("job", "");
@@ -767,7 +779,10 @@ ToolReply Translator::stop_kernel(Call& c) {
     was_current = current_ && current_->kernel == t->cur.kernel;
     if (was_current) current_.reset();
   }
-  if (was_current) channel_.close();
+  if (was_current) {
+    channel_.close();
+    agent_link_.stop();  // the agent connection is held only while there is a current kernel
+  }
   return text_reply((r.status == 404 ? "kernel " + t->cur.kernel + " was already gone" : "stopped kernel " + t->cur.kernel) +
                     (was_current ? " (it was the current kernel: the next execute makes a new one)" : ""));
 }

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "config.hpp"
+#include "mcp_config.hpp"
 #include "gateway.hpp"
 #include "jsonrpc.hpp"
 

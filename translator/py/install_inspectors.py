@@ -57,9 +57,15 @@ def __kgate_install_inspectors(source, path):
 
     RuleBlock.__module__ = "kgate_inspectors"
 
+    class InspectorsLoadError(Exception):
+        def _render_traceback_(self):
+            # The details went to stderr; no traceback through this installer.
+            return [f"InspectorsLoadError: {self}"]
+
     def fail(summary, detail=""):
         sys.stderr.write(f"inspectors.py failed to load: {path}: {summary}\n{detail}")
         sys.stderr.flush()
+        return InspectorsLoadError(f"{path} failed to load: {summary}")
 
     def describe(exc):
         return "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -80,8 +86,8 @@ def __kgate_install_inspectors(source, path):
     try:
         code = compile(source, path, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        fail(describe(exc))
-        raise
+        raise fail(f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})",
+                   describe(exc) + "\n") from None
     saved = sys.modules.get("kgate_inspectors")
     sys.modules["kgate_inspectors"] = module
     try:
@@ -91,8 +97,7 @@ def __kgate_install_inspectors(source, path):
             sys.modules.pop("kgate_inspectors", None)
         else:
             sys.modules["kgate_inspectors"] = saved
-        fail(describe(exc), user_frames(exc))
-        raise
+        raise fail(describe(exc).splitlines()[-1], user_frames(exc)) from None
 
     # Collect the inspectors and how many arguments each takes.
     found = []
@@ -101,15 +106,13 @@ def __kgate_install_inspectors(source, path):
         found.append(("inspect", single))
     listed = module.__dict__.get("inspectors", ())
     if not isinstance(listed, (list, tuple)):
-        fail(f"`inspectors` must be a list, not {type(listed).__name__}")
-        raise TypeError("inspectors.py: `inspectors` must be a list")
+        raise fail(f"`inspectors` must be a list, not {type(listed).__name__}")
     for i, fn in enumerate(listed):
         found.append((getattr(fn, "__name__", f"inspectors[{i}]"), fn))
 
     def arity(name, fn):
         if not callable(fn):
-            fail(f"{name} is not callable ({type(fn).__name__})")
-            raise TypeError(f"inspectors.py: {name} is not callable")
+            raise fail(f"{name} is not callable ({type(fn).__name__})")
         try:
             params = inspect_mod.signature(fn).parameters.values()
         except (TypeError, ValueError):
@@ -120,8 +123,7 @@ def __kgate_install_inspectors(source, path):
         positional = sum(k in (inspect_mod.Parameter.POSITIONAL_ONLY,
                                inspect_mod.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds)
         if positional == 0:
-            fail(f"{name} takes no positional argument (it needs tree, or tree and src)")
-            raise TypeError(f"inspectors.py: {name} takes no positional argument")
+            raise fail(f"{name} takes no positional argument (it needs tree, or tree and src)")
         return 2 if positional >= 2 else 1
 
     checks = [(name, fn, arity(name, fn)) for name, fn in found]

@@ -1,5 +1,5 @@
-// kgate-mcp's configuration (see config.hpp).
-#include "config.hpp"
+// kgate-mcp's configuration (see mcp_config.hpp).
+#include "mcp_config.hpp"
 
 #include <cstdlib>
 #include <fstream>

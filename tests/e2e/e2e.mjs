@@ -1,0 +1,527 @@
+#!/usr/bin/env node
+// End-to-end test of kgate-mcp driven by the official MCP TypeScript SDK client
+// (@modelcontextprotocol/sdk: Client + StdioClientTransport), against a real kgate and real
+// ipykernels.  Each scenario is one "conversation": it starts kgate-mcp over stdio, calls
+// tools, stops the kernels it made and closes stdin.
+//
+//   node e2e.mjs [--list] [scenario ...]     (no scenario: all of them, in order)
+//
+// Environment (given by the caller, e.g. tests/integration/test_mcp_e2e.py):
+//   KGATE_MCP_BIN    the translator (default <repo>/build/translator/kgate-mcp)
+//   KGATE_URL        the gateway; KGATE_TOKEN its token (passed to kgate-mcp, never as a tool
+//                    argument; a scenario fails if it shows up in a reply or in the log)
+//   XDG_CONFIG_HOME  kgate-mcp's config root ($XDG_CONFIG_HOME/kgate/{startup,inspectors}.py,
+//                    gateways.toml).  The inspector scenarios make their own.
+//   KGATE_E2E_RUNTIME_DIR  optional: kgate's runtime dir, used to find a connection file if
+//                    server_status does not show one.
+//
+// Output: one JSON line per scenario, {"scenario", "ok", "ms", ...}; exit 1 if any failed.
+//
+// Texts are matched loosely (substrings and patterns such as /job-\d+/, "interrupted"),
+// because their exact wording lives in the translator's C++ and may change; what is checked
+// is what an agent relies on: ids, verdicts, image sizes, caps, the absence of ANSI codes.
+
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, "..", "..");
+const MCP_BIN = process.env.KGATE_MCP_BIN || path.join(REPO, "build", "translator", "kgate-mcp");
+const PYTHON = "/usr/bin/python3";
+const TOKEN = process.env.KGATE_TOKEN || "";
+const CALL_TIMEOUT_MS = 120_000; // per tool call; kernel start + matplotlib import fit easily
+const IMAGE_MAX_PIXELS = 768 * 768;
+const UUID_RE = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/;
+const JOB_RE = /job-\d+/g;
+const ANSI_RE = /\x1b\[/;
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------------
+
+class Failure extends Error {}
+
+function check(cond, what, detail) {
+  if (!cond) {
+    const extra = detail === undefined ? "" : `: ${clip(typeof detail === "string" ? detail : JSON.stringify(detail))}`;
+    throw new Failure(`${what}${extra}`);
+  }
+}
+
+function clip(s, n = 1500) {
+  return s.length > n ? `${s.slice(0, n)}… (${s.length} chars)` : s;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function textOf(result) {
+  return (result.content || []).filter((b) => b.type === "text").map((b) => b.text).join("\n");
+}
+
+function jobsIn(text) {
+  return [...new Set(text.match(JOB_RE) || [])];
+}
+
+function jobNumber(job) {
+  return Number(job.slice(4));
+}
+
+/** Width and height from a PNG (IHDR) or JPEG (first SOFn marker) header. */
+function imageSize(buf, mimeType) {
+  if (mimeType === "image/png") {
+    const sig = [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a];
+    check(buf.length >= 24 && sig.every((b, i) => buf[i] === b), "PNG signature");
+    check(buf.toString("latin1", 12, 16) === "IHDR", "PNG starts with IHDR");
+    return { width: buf.readUInt32BE(16), height: buf.readUInt32BE(20) };
+  }
+  if (mimeType === "image/jpeg") {
+    check(buf[0] === 0xff && buf[1] === 0xd8, "JPEG SOI marker");
+    let i = 2;
+    while (i + 4 <= buf.length) {
+      if (buf[i] !== 0xff) throw new Failure(`JPEG: no marker at byte ${i}`);
+      const marker = buf[i + 1];
+      if (marker === 0xff) { i += 1; continue; } // fill byte
+      if (marker === 0xd8 || marker === 0x01 || (marker >= 0xd0 && marker <= 0xd7)) { i += 2; continue; }
+      const len = buf.readUInt16BE(i + 2);
+      // SOF0..SOF15 except DHT (c4), JPG (c8) and DAC (cc)
+      if (marker >= 0xc0 && marker <= 0xcf && ![0xc4, 0xc8, 0xcc].includes(marker)) {
+        check(i + 9 <= buf.length, "JPEG SOF segment complete");
+        return { height: buf.readUInt16BE(i + 5), width: buf.readUInt16BE(i + 7) };
+      }
+      if (marker === 0xd9 || marker === 0xda) break; // EOI / SOS before any SOF
+      i += 2 + len;
+    }
+    throw new Failure("JPEG: no SOF marker");
+  }
+  throw new Failure(`unexpected image mimeType ${mimeType}`);
+}
+
+/** Run a Python snippet with Debian's interpreter; resolves to {code, stdout, stderr}. */
+function python(source, args = [], timeoutMs = 60_000) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(PYTHON, ["-c", source, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (d) => { stdout += d; });
+    child.stderr.on("data", (d) => { stderr += d; });
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    child.on("error", reject);
+    child.on("close", (code) => { clearTimeout(timer); resolve({ code, stdout, stderr }); });
+  });
+}
+
+/** A GET on the gateway's REST API (the scenarios use it only to look things up). */
+async function gatewayGet(urlPath) {
+  const base = (process.env.KGATE_URL || "http://127.0.0.1:8787").replace(/\/$/, "");
+  const headers = TOKEN ? { Authorization: `token ${TOKEN}` } : {};
+  const resp = await fetch(`${base}${urlPath}`, { headers });
+  const body = await resp.text();
+  check(resp.ok, `GET ${urlPath} -> ${resp.status}`, body);
+  return JSON.parse(body);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One conversation: kgate-mcp over stdio
+// ---------------------------------------------------------------------------------------------
+
+class Conversation {
+  constructor(name, { xdg } = {}) {
+    this.name = name;
+    this.calls = []; // [{tool, args, ms, isError, text}] for the report
+    this.kernels = new Set();
+    this.stderr = "";
+    this.protocolErrors = [];
+    const env = {};
+    for (const [k, v] of Object.entries(process.env)) {
+      if (k.startsWith("KGATE_") || k === "SPDLOG_LEVEL") env[k] = v;
+    }
+    const xdgHome = xdg || process.env.XDG_CONFIG_HOME;
+    if (xdgHome) env.XDG_CONFIG_HOME = xdgHome;
+    this.transport = new StdioClientTransport({
+      command: MCP_BIN, args: [], env, stderr: "pipe", cwd: os.tmpdir(),
+    });
+    this.transport.stderr.on("data", (d) => { this.stderr += d; });
+    this.client = new Client({ name: "kgate-e2e", version: "0.0.0" }, { capabilities: {} });
+    this.client.onerror = (err) => { this.protocolErrors.push(String(err && err.message || err)); };
+  }
+
+  async open() {
+    check(fs.existsSync(MCP_BIN), `kgate-mcp not found at ${MCP_BIN} (set KGATE_MCP_BIN)`);
+    await this.client.connect(this.transport, { timeout: 30_000 });
+    const info = this.client.getServerVersion();
+    check(info && info.name, "initialize answered with serverInfo", info);
+    return this;
+  }
+
+  /** Call a tool; returns {result, text, ms}. Tool errors (isError) are returned, not thrown. */
+  async call(tool, args = {}, options = {}) {
+    const t0 = Date.now();
+    const entry = { tool, args };
+    this.calls.push(entry);
+    try {
+      const result = await this.client.callTool({ name: tool, arguments: args }, undefined, {
+        timeout: CALL_TIMEOUT_MS, ...options,
+      });
+      entry.ms = Date.now() - t0;
+      entry.isError = !!result.isError;
+      const text = textOf(result);
+      entry.text = clip(text, 600);
+      if (TOKEN) check(!JSON.stringify(result).includes(TOKEN), `${tool}: the token appears in a reply`);
+      this.noteKernels(text);
+      return { result, text, ms: entry.ms };
+    } catch (err) {
+      entry.ms = Date.now() - t0;
+      entry.threw = String(err && err.message || err);
+      throw err;
+    }
+  }
+
+  /** Like call(), but the reply must not be a tool error. */
+  async ok(tool, args = {}, options = {}) {
+    const r = await this.call(tool, args, options);
+    check(!r.result.isError, `${tool} ${JSON.stringify(args).slice(0, 200)} returned isError`, r.text);
+    return r;
+  }
+
+  noteKernels(text) {
+    const m = text.match(new RegExp(UUID_RE.source, "g"));
+    if (m) for (const id of m) this.kernels.add(id);
+  }
+
+  async close() {
+    // Connected kernels are never stopped implicitly: stop every kernel this conversation saw.
+    for (const id of this.kernels) {
+      try { await this.call("stop_kernel", { kernel: id }, { timeout: 30_000 }); } catch { /* gone */ }
+    }
+    // Closing stdin must be enough: the SDK sends SIGTERM only after 2 s without an exit.
+    // (_process is the SDK's private handle on the child; only read here, if present.)
+    const child = this.transport._process;
+    const t0 = Date.now();
+    try { await this.client.close(); } catch { /* already closed */ }
+    this.closeMs = Date.now() - t0;
+    if (child) {
+      this.exit = { code: child.exitCode, signal: child.signalCode };
+      check(child.signalCode === null && child.exitCode === 0,
+        `kgate-mcp exits by itself (status 0) on stdin EOF (${this.closeMs} ms)`, this.exit);
+    }
+    if (TOKEN) check(!this.stderr.includes(TOKEN), "the token appears in kgate-mcp's log");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios: each gets a fresh Conversation and returns details for the report
+// ---------------------------------------------------------------------------------------------
+
+const EXPECTED_TOOLS = ["connect", "execute", "poll_job", "list_kernels", "stop_kernel", "restart",
+  "interrupt", "server_status"];
+
+async function connectFresh(conv) {
+  const r = await conv.ok("connect", {});
+  const m = r.text.match(UUID_RE);
+  check(m, "connect names the new kernel id", r.text);
+  return { kernel: m[0], text: r.text };
+}
+
+const scenarios = {
+  /** connect creates a kernel and names it; execute('1+1') -> 2. */
+  async connect(conv) {
+    const listed = await conv.client.listTools();
+    const names = listed.tools.map((t) => t.name);
+    for (const t of EXPECTED_TOOLS) check(names.includes(t), `tools/list has ${t}`, names);
+    const exec = listed.tools.find((t) => t.name === "execute");
+    check(!exec.outputSchema, "execute has no outputSchema (Claude Code would then hide images)");
+    check(exec.inputSchema?.properties?.code, "execute takes `code`", exec.inputSchema);
+
+    const { kernel, text } = await connectFresh(conv);
+    const startup = path.join(process.env.XDG_CONFIG_HOME || "", "kgate", "startup.py");
+    if (process.env.XDG_CONFIG_HOME && fs.existsSync(startup)
+        && fs.readFileSync(startup, "utf8").includes("kgate-e2e-startup")) {
+      check(text.includes("kgate-e2e-startup"), "connect returns the startup output", text);
+    }
+    const r = await conv.ok("execute", { code: "1+1" });
+    check(/^2\s*$/m.test(r.text.split("\n")[0]), "execute('1+1') -> 2", r.text);
+    const kernels = await conv.ok("list_kernels", {});
+    check(kernels.text.includes(kernel), "list_kernels lists the new kernel", kernels.text);
+    return { kernel, connect_text: clip(text, 300), execute_ms: r.ms };
+  },
+
+  /** A matplotlib figure comes back as an image block within 768x768 pixels, plus text. */
+  async matplotlib(conv) {
+    await connectFresh(conv);
+    const code = [
+      "import matplotlib",
+      'matplotlib.use("agg")',
+      "import matplotlib.pyplot as plt",
+      "# agg draws nothing by itself: let IPython render figures as PNG for display()",
+      "from IPython.core.pylabtools import select_figure_formats",
+      'select_figure_formats(get_ipython(), {"png"})',
+      "fig = plt.figure(figsize=(12, 12), dpi=100)  # 1200x1200: must be scaled down",
+      "plt.plot([1, 2, 3])",
+      "display(fig)",
+      "plt.close(fig)",
+      'print("plotted")',
+    ].join("\n");
+    const r = await conv.ok("execute", { code, timeout: 110 });
+    const blocks = r.result.content;
+    const images = blocks.filter((b) => b.type === "image");
+    check(images.length === 1, "one image block", blocks.map((b) => b.type));
+    const img = images[0];
+    check(["image/png", "image/jpeg"].includes(img.mimeType), "image mimeType png or jpeg", img.mimeType);
+    const buf = Buffer.from(img.data, "base64");
+    const { width, height } = imageSize(buf, img.mimeType);
+    check(width > 0 && height > 0 && width * height <= IMAGE_MAX_PIXELS,
+      `image within 768x768 pixels (got ${width}x${height})`);
+    check(blocks.some((b) => b.type === "text"), "text blocks beside the image", blocks.map((b) => b.type));
+    check(blocks[blocks.length - 1].type === "text", "the rendered text is the last block");
+    check(r.text.includes("plotted"), "the stdout is in the text", r.text);
+    check(!r.text.includes(img.data.slice(0, 64)), "no base64 in the text");
+    return { blocks: blocks.map((b) => b.type), mimeType: img.mimeType, width, height, bytes: buf.length };
+  },
+
+  /** An error: the exception is named, no ANSI codes, long traceback lines capped, the
+   *  exception line kept whole. */
+  async error(conv) {
+    await connectFresh(conv);
+    const r1 = await conv.call("execute", { code: "1/0" });
+    check(r1.text.includes("ZeroDivisionError"), "1/0 names ZeroDivisionError", r1.text);
+    check(!ANSI_RE.test(r1.text), "no ANSI escapes in the text", JSON.stringify(r1.text));
+
+    const longSource = "x".repeat(600);
+    const code = `def f():\n    raise ValueError("${longSource}" and "V" * 500)\n\nf()`;
+    const r2 = await conv.call("execute", { code });
+    check(r2.text.includes("ValueError"), "the ValueError is named", r2.text);
+    check(!ANSI_RE.test(r2.text), "no ANSI escapes in the text", JSON.stringify(r2.text));
+    check(!r2.text.includes(longSource), "the 600-char source line in the traceback is capped", r2.text);
+    check(r2.text.includes(`ValueError: ${"V".repeat(500)}`), "the exception line is kept whole", r2.text);
+    const longest = Math.max(...r2.text.split("\n").filter((l) => !l.includes("V".repeat(500))).map((l) => l.length));
+    check(longest <= 400, `traceback lines are capped (longest ${longest} chars)`);
+    return { isError: [!!r1.result.isError, !!r2.result.isError], longest_line: longest };
+  },
+
+  /** A cell longer than `timeout` returns a job id; interrupt names it; poll_job shows it
+   *  interrupted. */
+  async long(conv) {
+    await connectFresh(conv);
+    const r = await conv.ok("execute", { code: "import time; time.sleep(30)", timeout: 1 });
+    check(r.ms < 8000, `execute with timeout=1 returned within a few seconds (${r.ms} ms)`);
+    const jobs = jobsIn(r.text);
+    check(jobs.length >= 1, "the reply names the job (job-N)", r.text);
+    const job = jobs[jobs.length - 1];
+    const intr = await conv.ok("interrupt", {});
+    check(intr.text.includes(job), `interrupt names ${job}`, intr.text);
+    const final = await pollUntilDone(conv, job);
+    check(/interrupt/i.test(final.text) || final.text.includes("KeyboardInterrupt"),
+      `${job} ended interrupted`, final.text);
+    return { job, execute_ms: r.ms, poll: clip(final.text, 300) };
+  },
+
+  /** Cancelling a tools/call (the SDK sends notifications/cancelled) interrupts its cell. */
+  async cancel(conv) {
+    const { kernel } = await connectFresh(conv);
+    const before = await newestJob(kernel);
+    const controller = new AbortController();
+    const t0 = Date.now();
+    setTimeout(() => controller.abort("e2e: cancelled after 1 s"), 1000);
+    let threw = null;
+    try {
+      await conv.call("execute", { code: "import time; time.sleep(30)", timeout: 60 },
+        { signal: controller.signal });
+    } catch (err) {
+      threw = String(err && err.message || err);
+    }
+    check(threw !== null, "the cancelled call rejects on the client side");
+    check(Date.now() - t0 < 5000, "the cancelled call rejected promptly");
+    let job = null;
+    for (let i = 0; i < 50 && !job; i++) {
+      const newest = await newestJob(kernel);
+      if (newest && newest !== before) job = newest;
+      else await sleep(100);
+    }
+    check(job, "the cancelled call started a job on the kernel");
+    const final = await pollUntilDone(conv, job);
+    check(/interrupt/i.test(final.text) || final.text.includes("KeyboardInterrupt"),
+      `the cancelled call's ${job} ended interrupted`, final.text);
+    // The kernel is usable again at once.
+    const after = await conv.ok("execute", { code: "40+2" });
+    check(after.text.includes("42"), "the kernel runs the next cell", after.text);
+    return { job, rejected_with: clip(threw, 200), late_responses: conv.protocolErrors.length };
+  },
+
+  /** A cell run by a BlockingKernelClient attached by connection file shows up in the next
+   *  reply as a note naming its job, exactly once. */
+  async foreign(conv) {
+    const { kernel } = await connectFresh(conv);
+    await conv.ok("execute", { code: "x_agent = 1" }); // the agent claims the kernel
+    const status = await conv.ok("server_status", {});
+    let file = (status.text.match(/[^\s'"`]+\.json/g) || []).find((f) => f.includes(kernel));
+    if (!file && process.env.KGATE_E2E_RUNTIME_DIR) {
+      file = path.join(process.env.KGATE_E2E_RUNTIME_DIR, `kernel-${kernel}.json`);
+    }
+    check(file && fs.existsSync(file), "server_status shows the kernel's connection file", status.text);
+    const user = await python(`
+import sys
+from jupyter_client import BlockingKernelClient
+kc = BlockingKernelClient(connection_file=sys.argv[1])
+kc.load_connection_file()
+kc.start_channels()
+kc.wait_for_ready(timeout=30)
+reply = kc.execute_interactive("x_user = 5", timeout=30, output_hook=lambda m: None)
+print(reply["content"]["status"])
+kc.stop_channels()
+`, [file]);
+    check(user.code === 0 && user.stdout.trim() === "ok", "the user's client ran its cell", user);
+    await sleep(300); // the gateway records the end from the kernel's iopub
+    const r1 = await conv.ok("execute", { code: "1" });
+    const jobs1 = jobsIn(r1.text);
+    check(jobs1.length >= 1, "the next reply has a note naming the user's job", r1.text);
+    check(/user/i.test(r1.text), "the note says the user ran it", r1.text);
+    const r2 = await conv.ok("execute", { code: "x_user" });
+    check(/^5\s*$/m.test(r2.text.split("\n")[0]), "the user's variable is visible", r2.text);
+    for (const j of jobs1) check(!r2.text.includes(j), `the note about ${j} is not repeated`, r2.text);
+    return { connection_file: file, note: clip(r1.text, 400) };
+  },
+
+  /** inspectors.py through connect: a note, a block (the cell does not run), a crashing
+   *  inspector (the cell runs anyway). Uses its own config dir. */
+  async inspectors(conv) {
+    await connectFresh(conv);
+    const note = await conv.ok("execute", { code: "e2e_note_me = 1\nprint('ran')" });
+    check(note.text.includes("e2e-note: e2e_note_me"), "the inspector's note is in the reply", note.text);
+    check(note.text.indexOf("e2e-note") < note.text.indexOf("ran"), "the note comes before the output", note.text);
+    const block = await conv.call("execute", { code: "e2e_blocked = 1\ne2e_forbidden()" });
+    check(block.text.includes("RuleBlock") || /block/i.test(block.text), "the block is reported", block.text);
+    check(block.text.includes("e2e_forbidden is not allowed"), "the block's message is in the reply", block.text);
+    const probe = await conv.ok("execute", { code: "'e2e_blocked' in globals()" });
+    check(probe.text.includes("False"), "the blocked cell did not run", probe.text);
+    const crash = await conv.ok("execute", { code: "e2e_crash = 7\ne2e_crash" });
+    check(crash.text.includes("inspector error (cell runs anyway)"), "the crash is noted", crash.text);
+    check(crash.text.includes("7"), "the cell ran despite the crash", crash.text);
+    return { block: clip(block.text, 300) };
+  },
+
+  /** A broken inspectors.py makes connect fail, and the kernel is stopped. */
+  async inspectors_broken(conv) {
+    const before = new Set((await gatewayGet("/api/kernels")).map((k) => k.id));
+    const r = await conv.call("connect", {});
+    check(r.text.includes("inspectors.py"), "connect says inspectors.py failed to load", r.text);
+    check(!r.text.includes("created kernel") || /fail|error|stopped/i.test(r.text), "connect failed", r.text);
+    let leaked = [];
+    for (let i = 0; i < 50; i++) {
+      leaked = (await gatewayGet("/api/kernels")).map((k) => k.id).filter((id) => !before.has(id));
+      if (leaked.length === 0) break;
+      await sleep(100);
+    }
+    check(leaked.length === 0, "the kernel was stopped", leaked);
+    const exec = await conv.call("execute", { code: "1+1" });
+    // With no current kernel, execute makes an auto kernel: that fails the same way.
+    check(!/^2\s*$/m.test(exec.text.split("\n")[0]), "no kernel runs uninspected", exec.text);
+    return { isError: !!r.result.isError, text: clip(r.text, 300) };
+  },
+};
+
+const INSPECTORS_SAMPLE = `
+import ast
+
+def note(tree):
+    if any(isinstance(n, ast.Name) and n.id == "e2e_note_me" for n in ast.walk(tree)):
+        return "e2e-note: e2e_note_me seen"
+
+def block(tree, src):
+    if "e2e_forbidden(" in src:
+        raise RuleBlock("e2e_forbidden is not allowed")
+
+def crash(tree):
+    if any(isinstance(n, ast.Name) and n.id == "e2e_crash" for n in ast.walk(tree)):
+        raise ValueError("e2e inspector bug")
+
+inspectors = [note, block, crash]
+`;
+
+const OWN_CONFIG = {
+  inspectors: { "inspectors.py": INSPECTORS_SAMPLE },
+  inspectors_broken: { "inspectors.py": "import ast\n\ndef inspect(tree:\n    return None\n" },
+};
+
+async function pollUntilDone(conv, job) {
+  let last = null;
+  for (let i = 0; i < 6; i++) {
+    last = await conv.ok("poll_job", { job, wait: 10 });
+    if (!/\brunning\b/i.test(last.text.split("\n").slice(0, 3).join("\n"))) return last;
+  }
+  return last;
+}
+
+async function newestJob(kernel) {
+  const { jobs } = await gatewayGet(`/api/kgate/jobs?kernel=${kernel}`);
+  return jobs.length ? jobs.map((j) => j.job).sort((a, b) => jobNumber(a) - jobNumber(b)).pop() : null;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver
+// ---------------------------------------------------------------------------------------------
+
+async function runScenario(name) {
+  const t0 = Date.now();
+  let xdg = null;
+  if (OWN_CONFIG[name]) {
+    xdg = fs.mkdtempSync(path.join(os.tmpdir(), "kgate-e2e-xdg-"));
+    fs.mkdirSync(path.join(xdg, "kgate"));
+    for (const [file, text] of Object.entries(OWN_CONFIG[name])) {
+      fs.writeFileSync(path.join(xdg, "kgate", file), text);
+    }
+  }
+  const conv = new Conversation(name, { xdg });
+  const report = { scenario: name, ok: false };
+  try {
+    await conv.open();
+    Object.assign(report, await scenarios[name](conv));
+    report.ok = true;
+  } catch (err) {
+    report.error = err instanceof Failure ? err.message : String(err && err.stack || err);
+  } finally {
+    try {
+      await conv.close();
+    } catch (err) {
+      report.ok = false;
+      report.error = (report.error ? `${report.error}; ` : "") + String(err.message || err);
+    }
+    if (xdg) fs.rmSync(xdg, { recursive: true, force: true });
+  }
+  report.ms = Date.now() - t0;
+  if (conv.closeMs !== undefined) report.close_ms = conv.closeMs;
+  if (conv.protocolErrors.length) report.protocol_errors = conv.protocolErrors.slice(0, 5);
+  if (!report.ok) {
+    report.calls = conv.calls;
+    report.stderr_tail = conv.stderr.slice(-3000);
+  }
+  return report;
+}
+
+async function main() {
+  const args = process.argv.slice(2);
+  if (args.includes("--list")) {
+    console.log(Object.keys(scenarios).join("\n"));
+    return 0;
+  }
+  const names = args.length ? args : Object.keys(scenarios);
+  const unknown = names.filter((n) => !scenarios[n]);
+  if (unknown.length) {
+    console.error(`unknown scenario(s): ${unknown.join(", ")}; known: ${Object.keys(scenarios).join(", ")}`);
+    return 2;
+  }
+  let failed = 0;
+  for (const name of names) {
+    const report = await runScenario(name);
+    if (!report.ok) failed++;
+    console.log(JSON.stringify(report));
+  }
+  return failed ? 1 : 0;
+}
+
+process.exitCode = await main();
