@@ -508,7 +508,11 @@ void StdioServer::Impl::initialize(const json& id, const json& params) {
   initialized = true;
   std::string client = "an unnamed client";
   if (const auto info = params.find("clientInfo"); info != params.end() && info->is_object()) {
-    client = info->value("name", std::string("?")) + " " + info->value("version", std::string("?"));
+    auto field = [&](const char* key) {
+      const auto f = info->find(key);
+      return f != info->end() && f->is_string() ? f->get<std::string>() : std::string("?");
+    };
+    client = field("name") + " " + field("version");
   }
   log().info("initialize: {} asked for {}, speaking {}", client, requested.empty() ? "no version" : requested,
              legacy_version);

@@ -104,8 +104,9 @@ class ToolHandler {
   // tool result with isError true and the exception's message as text, not a JSON-RPC error.
   virtual ToolReply call(Call& call) = 0;
   // notifications/cancelled arrived for `call` (call.cancelled is already set). The server then
-  // sends no reply for it. Runs on the reader thread and must not block. At stdin EOF the server
-  // sets call.cancelled but does not call this: a conversation that ends is not a request to stop.
+  // sends no reply for it. Runs on the reader thread and must not block. It can race with call()
+  // returning, but `call` stays valid until both are done. At stdin EOF the server sets
+  // call.cancelled but does not call this: a conversation that ends is not a request to stop.
   virtual void cancelled(Call& /*call*/) {}
   // Stdin reached EOF and the in-flight calls ended (or eof_grace ran out). Runs on the reader
   // thread, just before run() returns.

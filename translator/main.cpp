@@ -1,5 +1,7 @@
 // kgate-mcp: the per-conversation MCP translator.  Wiring only: options, logging, the tool
 // handler and the stdio server.
+#include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -24,8 +26,18 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
   std::ios::sync_with_stdio(false);
+  // A reply written after the client closed its end must fail, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
 
-  kgate::mcp::Translator translator(kgate::mcp::load_config());
-  kgate::mcp::StdioServer server(translator, std::cin, std::cout);
-  return server.run();
+  std::cerr.tie(nullptr);  // a stray std::cerr write must not flush stdout outside the server's lock
+
+  // Neither is destroyed: a tool call still running after the EOF grace may use them, so the
+  // process leaves with _Exit once run() returned (after shutdown() stopped the auto kernel and
+  // closed the agent link).
+  auto* translator = new kgate::mcp::Translator(kgate::mcp::load_config());
+  auto* server = new kgate::mcp::StdioServer(*translator, std::cin, std::cout);
+  int rc = server->run();
+  std::cout.flush();
+  spdlog::shutdown();
+  std::_Exit(rc);
 }

@@ -7,7 +7,8 @@ stdin ends the process promptly with exit code 0, and that stdout carries nothin
 lines. None of this needs a gateway: only initialize, ping, server/discover, tools/list and
 errors are used.
 
-The binary is $KGATE_MCP_BIN, or <repo>/build/translator/kgate-mcp:
+The binary is $KGATE_MCP_BIN; else translator/kgate-mcp in the build tree of $KGATE_BIN (which
+CTest sets); else <repo>/build/translator/kgate-mcp:
 
     KGATE_MCP_BIN=build/translator/kgate-mcp /usr/bin/python3 -m pytest -q tests/integration/test_mcp_transcript.py
 """
@@ -38,7 +39,11 @@ UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 @pytest.fixture(scope="session")
 def mcp_bin():
-    binary = os.environ.get("KGATE_MCP_BIN") or str(REPO / "build" / "translator" / "kgate-mcp")
+    binary = os.environ.get("KGATE_MCP_BIN")
+    if not binary and os.environ.get("KGATE_BIN"):  # <build>/gateway/kgate -> <build>/translator/kgate-mcp
+        binary = str(Path(os.environ["KGATE_BIN"]).resolve().parent.parent / "translator" / "kgate-mcp")
+    if not binary:
+        binary = str(REPO / "build" / "translator" / "kgate-mcp")
     binary = os.path.abspath(binary)
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         pytest.fail(f"kgate-mcp not found at {binary}: build it, or set KGATE_MCP_BIN.", pytrace=False)

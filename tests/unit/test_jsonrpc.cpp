@@ -78,6 +78,10 @@ class OutputSink : public std::streambuf {
     std::lock_guard lock(mutex_);
     return lines_;
   }
+  std::vector<json> parsed() const {
+    std::lock_guard lock(mutex_);
+    return parsed_;
+  }
   std::string partial() const {
     std::lock_guard lock(mutex_);
     return pending_;
@@ -90,10 +94,9 @@ class OutputSink : public std::streambuf {
     std::optional<json> found;
     cv_.wait_for(lock, timeout, [&] {
       std::size_t matched = 0;
-      for (const std::string& line : lines_) {
-        json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      for (const json& j : parsed_) {
         if (!j.is_discarded() && pred(j) && matched++ == n) {
-          found = std::move(j);
+          found = j;
           return true;
         }
       }
@@ -118,6 +121,7 @@ class OutputSink : public std::streambuf {
     std::lock_guard lock(mutex_);
     for (std::streamsize i = 0; i < n; ++i) {
       if (s[i] == '\n') {
+        parsed_.push_back(json::parse(pending_, nullptr, /*allow_exceptions=*/false));
         lines_.push_back(std::move(pending_));
         pending_.clear();
         cv_.notify_all();
@@ -132,6 +136,7 @@ class OutputSink : public std::streambuf {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::string> lines_;
+  std::vector<json> parsed_;  // lines_, parsed once (discarded when not JSON)
   std::string pending_;
 };
 
@@ -383,8 +388,8 @@ class Harness {
   bool returned() const { return returned_; }
 
   std::vector<json> messages() const {
-    std::vector<json> all;
-    for (const std::string& line : out_.lines()) all.push_back(json::parse(line));
+    std::vector<json> all = out_.parsed();
+    for (const json& m : all) EXPECT_FALSE(m.is_discarded()) << "not JSON on the output";
     return all;
   }
   std::vector<json> progress_for(const json& token) const {
@@ -401,6 +406,7 @@ class Harness {
     return s;
   }
   OutputSink& out() { return out_; }
+  const OutputSink& out() const { return out_; }
 
  private:
   InputPipe in_;
@@ -485,6 +491,16 @@ TEST(JsonRpcLegacy, InitializeWithOtherVersionsGetsTheNewestLegacy) {
   Harness s(h);
   expect_error(s.call(1, "initialize", {{"protocolVersion", 20251125}}), rpc_error::kInvalidParams, "protocolVersion");
   s.expect_alive();
+}
+
+TEST(JsonRpcLegacy, AnOddClientInfoIsNoProblem) {
+  TestHandler h;
+  Harness s(h);
+  int id = 0;
+  for (json info : {json({{"name", 5}, {"version", json::array()}}), json("claude"), json(nullptr)}) {
+    json r = s.call(++id, "initialize", {{"protocolVersion", "2025-06-18"}, {"clientInfo", info}});
+    EXPECT_EQ(r["result"]["protocolVersion"], "2025-06-18") << r.dump();
+  }
 }
 
 TEST(JsonRpcLegacy, InstructionsAreSentWhenSet) {
