@@ -271,6 +271,20 @@ void Translator::shutdown() {
   agent_link_.stop();
 }
 
+std::optional<Translator::Current> Translator::current() {
+  std::lock_guard lk(mu_);
+  return current_;
+}
+
+bool Translator::endpoint_for(const std::string& host, const std::optional<Current>& cur, Endpoint& ep,
+                              std::string& error) {
+  if (host.empty() && cur) {
+    ep = cur->ep;
+    return true;
+  }
+  return resolve_gateway(cfg_, host, ep, error);
+}
+
 std::shared_ptr<HttpClient> Translator::client(const Endpoint& ep) {
   std::lock_guard lk(clients_mu_);
   auto& c = clients_[ep.url + "#" + ep.name];
@@ -294,11 +308,7 @@ void Translator::make_current(Current cur) {
 
 std::optional<Translator::Target> Translator::target(const json& args, std::string& error) {
   std::string prefix = str_arg(args, "kernel");
-  std::optional<Current> cur;
-  {
-    std::lock_guard lk(mu_);
-    cur = current_;
-  }
+  std::optional<Current> cur = current();
   if (prefix.empty()) {
     if (!cur) {
       error = "no current kernel: call connect (or execute, which makes one), or pass a kernel id from list_kernels";
@@ -307,8 +317,7 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
     return Target{*cur, client(cur->ep)};
   }
   Endpoint ep;
-  if (cur) ep = cur->ep;
-  else if (!resolve_gateway(cfg_, "", ep, error)) return std::nullopt;
+  if (!endpoint_for("", cur, ep, error)) return std::nullopt;
   auto http = client(ep);
   auto r = http->get("api/kernels");
   if (r.status != 200) {
@@ -698,15 +707,10 @@ ToolReply Translator::poll_job(Call& c) {
   std::string job = str_arg(c.arguments, "job");
   if (job.empty()) throw InvalidParams("'job' (job-N) is required");
   double wait = num_arg(c.arguments, "wait", kDefaultPollWait, 0, kMaxPollWait);
-  std::optional<Current> cur;
-  {
-    std::lock_guard lk(mu_);
-    cur = current_;
-  }
+  std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (cur) ep = cur->ep;
-  else if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+  if (!endpoint_for("", cur, ep, error)) return text_reply(error);
   auto http = client(ep);
   auto start = std::chrono::steady_clock::now();
   json rec;
@@ -734,15 +738,10 @@ ToolReply Translator::poll_job(Call& c) {
 
 ToolReply Translator::list_kernels(Call& c) {
   std::string host = str_arg(c.arguments, "host");
-  std::optional<Current> cur;
-  {
-    std::lock_guard lk(mu_);
-    cur = current_;
-  }
+  std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (host.empty() && cur) ep = cur->ep;
-  else if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error);
+  if (!endpoint_for(host, cur, ep, error)) return text_reply(error);
   auto http = client(ep);
   auto r = http->get("api/kgate/kernels");
   bool ext = r.status == 200;
@@ -847,15 +846,10 @@ ToolReply Translator::interrupt(Call& c) {
 }
 
 ToolReply Translator::server_status(Call&) {
-  std::optional<Current> cur;
-  {
-    std::lock_guard lk(mu_);
-    cur = current_;
-  }
+  std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (cur) ep = cur->ep;
-  else if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+  if (!endpoint_for("", cur, ep, error)) return text_reply(error);
   auto http = client(ep);
   std::string out = "gateway: " + ep.url;
   auto api = http->get("api", 5s);

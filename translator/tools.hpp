@@ -51,6 +51,9 @@ class Translator final : public ToolHandler {
   ToolReply server_status(Call& c);
 
   std::shared_ptr<HttpClient> client(const Endpoint& ep);
+  std::optional<Current> current();  // a copy of the pointer
+  // The gateway a call means: `host` resolved, or the current kernel's when `host` is "".
+  bool endpoint_for(const std::string& host, const std::optional<Current>& cur, Endpoint& ep, std::string& error);
   // The kernel a call names (a unique id prefix) or the current one; `error` says what to do.
   std::optional<Target> target(const json& args, std::string& error);
   // Creates a kernel (setup included) and makes it current.  Returns the reply text, or sets
