@@ -195,6 +195,25 @@ def cpu_s(pid):
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop_all(servers, tmp, R, keep_tmp, log_fn=None):
+    """Stops every server, sweeps leftover processes of this run (marked by `tmp`), records them in
+    R["meta"], then removes `tmp` unless `keep_tmp`.  For the other bench scripts' teardown."""
+    log_fn = log_fn or log
+    for s in list(servers):
+        try:
+            s.stop()
+        except Exception as e:
+            log_fn("stopping %s: %s" % (s.label, e))
+    killed = sweep(tmp)
+    if killed:
+        log_fn("swept %d leftover process(es): %s" % (len(killed), killed))
+        R["meta"]["swept_leftovers"] = killed
+    if keep_tmp:
+        log_fn("temp dir kept: %s" % tmp)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -666,19 +666,7 @@ def main():
     finally:
         for c in list(clients):
             c.kill()
-        for s in list(live):
-            try:
-                s.stop()
-            except Exception as e:
-                log("stopping %s: %s" % (s.label, e))
-        killed = bench.sweep(tmp)
-        if killed:
-            log("swept %d leftover process(es): %s" % (len(killed), killed))
-            R["meta"]["swept_leftovers"] = killed
-        if KEEP_TMP:
-            log("temp dir kept: %s" % tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        bench.stop_all(live, tmp, R, KEEP_TMP, log)
 
     R["meta"]["seconds"] = round(time.monotonic() - T0, 1)
     R["meta"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]

@@ -266,14 +266,7 @@ def overhead_rows(P):
     return rows
 
 
-def _fmt(v, fmt):
-    if v is None:
-        return "—"
-    if fmt == "s":
-        return "%.3f" % v
-    if fmt == "1":
-        return "%.1f" % v
-    return "{:,}".format(int(round(v)))
+_fmt = bench._fmt
 
 
 def _ratio(x):
@@ -596,19 +589,7 @@ def main():
         interrupted = True
         log("interrupted (%s): stopping everything" % (str(e) or "Ctrl-C"))
     finally:
-        for s in list(live):
-            try:
-                s.stop()
-            except Exception as e:
-                log("stopping %s: %s" % (s.label, e))
-        killed = bench.sweep(tmp)
-        if killed:
-            log("swept %d leftover process(es): %s" % (len(killed), killed))
-            R["meta"]["swept_leftovers"] = killed
-        if KEEP_TMP:
-            log("temp dir kept: %s" % tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        bench.stop_all(live, tmp, R, KEEP_TMP, log)
 
     R["meta"]["seconds"] = round(time.monotonic() - T0, 1)
     R["meta"]["loadavg_end"] = open("/proc/loadavg").read().split()[:3]
