@@ -28,6 +28,7 @@ constexpr std::array<std::string_view, 3> kLegacyVersions = {"2025-11-25", "2025
 constexpr std::string_view kMetaVersion = "io.modelcontextprotocol/protocolVersion";
 constexpr std::string_view kMetaCapabilities = "io.modelcontextprotocol/clientCapabilities";
 constexpr std::string_view kMetaServerInfo = "io.modelcontextprotocol/serverInfo";
+constexpr std::string_view kMetaClientInfo = "io.modelcontextprotocol/clientInfo";
 // How long a modern client may reuse server/discover and tools/list. The tool list stays the
 // same for as long as this binary runs, and it is the same for every client ("public").
 constexpr long long kListTtlMs = 60LL * 60 * 1000;
@@ -462,6 +463,12 @@ std::optional<json> StdioServer::Impl::request_era(const json& id, const json& p
   }
   era.modern = true;
   era.version = requested;
+  if (const auto info = meta->find(kMetaClientInfo); info != meta->end() && info->is_object()) {
+    const auto name = info->find("name");
+    const auto ver = info->find("version");
+    if (name != info->end() && name->is_string())
+      handler.client_info(name->get<std::string>(), ver != info->end() && ver->is_string() ? ver->get<std::string>() : "?");
+  }
   return std::nullopt;
 }
 
@@ -513,6 +520,7 @@ void StdioServer::Impl::initialize(const json& id, const json& params) {
       return f != info->end() && f->is_string() ? f->get<std::string>() : std::string("?");
     };
     client = field("name") + " " + field("version");
+    handler.client_info(field("name"), field("version"));
   }
   log().info("initialize: {} asked for {}, speaking {}", client, requested.empty() ? "no version" : requested,
              legacy_version);

@@ -108,6 +108,9 @@ class ToolHandler {
   // returning, but `call` stays valid until both are done. At stdin EOF the server sets
   // call.cancelled but does not call this: a conversation that ends is not a request to stop.
   virtual void cancelled(Call& /*call*/) {}
+  // The client named itself: initialize's clientInfo, or a modern request's _meta clientInfo.
+  // Runs on the reader thread, before the calls that follow it; must not block.
+  virtual void client_info(const std::string& /*name*/, const std::string& /*version*/) {}
   // Stdin reached EOF and the in-flight calls ended (or eof_grace ran out). Runs on the reader
   // thread, just before run() returns.
   virtual void shutdown() {}

@@ -251,14 +251,31 @@ void Translator::cancelled(Call& c) {
   spdlog::info("call {} cancelled", c.id.dump());
 }
 
+void Translator::client_info(const std::string& name, const std::string& /*version*/) {
+  if (name.empty() || name == "?") return;
+  std::lock_guard lk(mu_);
+  label_ = name.substr(0, 64) + " (kgate-mcp pid " + std::to_string(::getpid()) + ")";
+}
+
+std::string Translator::label() {
+  std::lock_guard lk(mu_);
+  return label_;
+}
+
 void Translator::shutdown() {
-  // A kernel being created now becomes current first, so it is stopped below, not leaked.
-  std::lock_guard create(create_mu_);
+  // A kernel whose POST is in flight becomes current when it returns, so it is stopped below, not
+  // leaked. Setup (startup.py) that runs after it is not waited for.
   std::optional<Current> cur;
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    if (!posted_.wait_for(lk, kCreateTimeout + 5s, [this] { return !posting_; }))
+      spdlog::warn("a kernel create did not answer in time; a kernel it makes may be left running");
     cur = current_;
     current_.reset();
+    if (cur && !cur->auto_kernel && cur->kernel == setting_up_) {
+      spdlog::info("kernel {}: its connect had not answered (setup still running), so it is stopped", cur->kernel);
+      cur->auto_kernel = true;
+    }
   }
   if (cur && cur->auto_kernel) {
     auto r = client(cur->ep)->request("DELETE", "api/kernels/" + cur->kernel, nullptr, 10s);
@@ -299,7 +316,7 @@ void Translator::make_current(Current cur) {
     same_gateway = current_ && current_->ep.url == cur.ep.url;
     current_ = cur;
   }
-  if (cur.kgate && (!same_gateway || !agent_link_.connected())) agent_link_.start(cur.ep, agent_, label_);
+  if (cur.kgate && (!same_gateway || !agent_link_.connected())) agent_link_.start(cur.ep, agent_, label());
   if (!cur.kgate) agent_link_.stop();
   std::string err;
   if (!channel_.open(cur.ep, cur.kernel, agent_, 10s, err))
@@ -384,7 +401,7 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     if (direct) *direct = got.outputs;
     return json{{"status", still_running ? "running" : got.reply.value("status", "ok")}};
   }
-  json body = {{"code", code}, {"agent", agent_}, {"label", label_}, {"wait", std::min(timeout, kSlice)},
+  json body = {{"code", code}, {"agent", agent_}, {"label", label()}, {"wait", std::min(timeout, kSlice)},
                {"origin", host ? "host" : "mcp"}};
   auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
   json rec = r.json_body();
@@ -527,14 +544,32 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
     auto cwd = std::filesystem::current_path(ec);
     if (!ec) body["cwd"] = cwd.string();
   }
+  {
+    std::lock_guard lk(mu_);
+    posting_ = true;
+  }
   auto r = http->post("api/kernels", body, kCreateTimeout);
-  if (r.status != 201 && r.status != 200) {
-    error = "could not create a kernel on " + ep.url + ": " + r.message();
+  std::string id = r.status == 201 || r.status == 200 ? r.json_body().value("id", "") : "";
+  Current cur{ep, id, auto_kernel, true, kgate};
+  if (!id.empty()) make_current(cur);
+  {
+    std::lock_guard lk(mu_);
+    posting_ = false;
+    setting_up_ = id;
+  }
+  posted_.notify_all();
+  struct SetupDone {
+    Translator* t;
+    ~SetupDone() {
+      std::lock_guard lk(t->mu_);
+      t->setting_up_.clear();
+    }
+  } setup_done{this};
+  if (id.empty()) {
+    error = "could not create a kernel on " + ep.url + ": " +
+            (r.status == 201 || r.status == 200 ? std::string("the reply names no kernel id") : r.message());
     return "";
   }
-  std::string id = r.json_body().value("id", "");
-  Current cur{ep, id, auto_kernel, true, kgate};
-  make_current(cur);
   std::string out = (auto_kernel ? "(created an auto kernel " : "created kernel ") + id + " on " + ep.url +
                     (auto_kernel ? " for this conversation; it stops when the conversation ends unless you connect to it)" : "");
   std::string setup_out, setup_err;
@@ -791,7 +826,7 @@ ToolReply Translator::restart(Call& c) {
   auto t = target(c.arguments, error);
   if (!t) return text_reply(error);
   HttpResult r = t->cur.kgate
-                     ? t->http->post("api/kgate/kernels/" + t->cur.kernel + "/restart", json{{"agent", agent_}, {"label", label_}}, 90s)
+                     ? t->http->post("api/kgate/kernels/" + t->cur.kernel + "/restart", json{{"agent", agent_}, {"label", label()}}, 90s)
                      : t->http->post("api/kernels/" + t->cur.kernel + "/restart", json::object(), 90s);
   if (r.status == 404) {
     // Gone: a fresh kernel on the same gateway, if it was the current one.

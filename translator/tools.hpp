@@ -5,6 +5,7 @@
 // pointer; `create_mu_` makes parallel first calls share one auto kernel.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -24,6 +25,7 @@ class Translator final : public ToolHandler {
   json tool_list() const override;
   ToolReply call(Call& call) override;
   void cancelled(Call& call) override;
+  void client_info(const std::string& name, const std::string& version) override;  // names the agent's label
   void shutdown() override;  // stops the auto kernel (if still the conversation's), closes links
 
   const std::string& agent_id() const { return agent_; }
@@ -52,6 +54,7 @@ class Translator final : public ToolHandler {
 
   std::shared_ptr<HttpClient> client(const Endpoint& ep);
   std::optional<Current> current();  // a copy of the pointer
+  std::string label();               // how kgate shows this agent (claims, records, observe page)
   // The gateway a call means: `host` resolved, or the current kernel's when `host` is "".
   bool endpoint_for(const std::string& host, const std::optional<Current>& cur, Endpoint& ep, std::string& error);
   // The kernel a call names (a unique id prefix) or the current one; `error` says what to do.
@@ -71,9 +74,16 @@ class Translator final : public ToolHandler {
 
   Config cfg_;
   std::string agent_;  // this conversation's agent id (random per process)
-  std::string label_;
   std::mutex mu_;
+  std::string label_;  // guarded by mu_
   std::optional<Current> current_;
+  // A POST /api/kernels is in flight (guarded by mu_): shutdown waits for it, so the kernel it
+  // makes becomes current and is stopped, not leaked; it does not wait for the setup after it.
+  bool posting_ = false;
+  // The kernel create_kernel made and is still setting up (guarded by mu_). Its call has not
+  // answered, so the agent does not know of it: shutdown stops it even when it is not an auto kernel.
+  std::string setting_up_;
+  std::condition_variable posted_;
   std::mutex create_mu_;
   std::mutex clients_mu_;
   std::map<std::string, std::shared_ptr<HttpClient>> clients_;

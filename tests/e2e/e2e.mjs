@@ -248,6 +248,9 @@ const scenarios = {
     check(/^2\s*$/m.test(r.text.split("\n")[0]), "execute('1+1') -> 2", r.text);
     const kernels = await conv.ok("list_kernels", {});
     check(kernels.text.includes(kernel), "list_kernels lists the new kernel", kernels.text);
+    const info = await gatewayGet(`/api/kgate/kernels/${kernel}`);
+    check(info.claim && /^kgate-e2e \(kgate-mcp pid \d+\)$/.test(info.claim.label),
+      "the claim is labelled with the client's name (initialize clientInfo)", info.claim);
     return { kernel, connect_text: clip(text, 300), execute_ms: r.ms };
   },
 

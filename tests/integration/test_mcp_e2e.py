@@ -104,3 +104,34 @@ def test_mcp_e2e(scenario, node, mcp_bin, kgate_token, tmp_path):
     assert left, f"kernels left on the gateway after {scenario}: {kg.rest('GET', '/api/kernels')[2]}"
     # the token never went into kgate-mcp's log or a reply
     assert TOKEN not in json.dumps(report)
+
+
+def test_eof_while_connect_runs_startup(mcp_bin, kgate_token, tmp_path):
+    """The conversation ends while connect is still running a slow startup.py: kgate-mcp exits
+    within its EOF grace (it does not wait for the setup), and the kernel it made is stopped,
+    not left on the gateway."""
+    from test_mcp_transcript import Mcp
+
+    kg = kgate_token
+    home = tmp_path / "home"
+    (home / "config" / "kgate").mkdir(parents=True)
+    (home / "config" / "kgate" / "startup.py").write_text("import time\ntime.sleep(120)\n")
+    p = Mcp(mcp_bin, home, {"KGATE_URL": kg.url, "KGATE_TOKEN": TOKEN})
+    try:
+        p.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                    "clientInfo": {"name": "eof-test", "version": "1"}})
+        p.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "connect", "arguments": {}}})
+        made = wait_until(lambda: kg.rest("GET", "/api/kernels")[2], 60)
+        assert made, "connect made no kernel\n" + p.stderr_text()
+        busy = wait_until(lambda: any(k.get("execution_state") == "busy"
+                                      for k in kg.rest("GET", "/api/kernels")[2]), 60)
+        assert busy, "startup.py did not start running\n" + p.stderr_text()
+        rc, took = p.close(timeout=30)
+        assert rc == 0, p.stderr_text()
+        assert took < 10, f"kgate-mcp took {took:.1f} s to exit after EOF\n{p.stderr_text()}"
+        gone = wait_until(lambda: not kg.rest("GET", "/api/kernels")[2], 15)
+        assert gone, f"the kernel was left on the gateway: {kg.rest('GET', '/api/kernels')[2]}"
+        assert TOKEN not in p.stderr_text()
+    finally:
+        p.kill()

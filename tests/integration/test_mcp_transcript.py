@@ -53,7 +53,7 @@ def mcp_bin():
 class Mcp:
     """One kgate-mcp process. It records every stdout line, and replies are looked up by id."""
 
-    def __init__(self, binary, home):
+    def __init__(self, binary, home, env_extra=None):
         home.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         for key in ("KGATE_TOKEN", "KGATE_URL"):
@@ -61,6 +61,7 @@ class Mcp:
         # Nothing here should reach a gateway. If something tries, it finds none.
         env["KGATE_URL"] = "http://127.0.0.1:9"
         env["XDG_CONFIG_HOME"] = str(home / "config")
+        env.update(env_extra or {})
         self.stderr_path = home / "stderr.log"
         self._stderr = open(self.stderr_path, "wb")
         self.started = time.monotonic()
