@@ -140,6 +140,9 @@ CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std
   return {{}, {}};
 }
 
+void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
+                  const std::string& base);
+
 void api_kernels_post(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
   json body = json::object();
   if (!req.body().empty()) {
@@ -150,19 +153,13 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
   }
   const auto& opts = server.options();
-  auto scan = server.kernelspecs();
-  std::string name = server.default_kernelspec(scan);
+  std::string name;  // "" = the catalog's default
   if (auto it = body.find("name"); it != body.end() && !it->is_null()) {
     if (!it->is_string()) {
       respond(json_error(req, http::status::bad_request, "\"name\" must be a string"));
       return;
     }
-    if (!it->get_ref<const std::string&>().empty()) name = it->get<std::string>();
-  }
-  auto spec = Server::find_kernelspec(scan, name);
-  if (!spec) {
-    respond(json_error(req, http::status::not_found, "No such kernel named " + name));
-    return;
+    name = it->get<std::string>();
   }
   std::map<std::string, std::string> env;
   if (auto it = body.find("env"); it != body.end() && !it->is_null()) {
@@ -188,12 +185,34 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     return;
   }
   StartRequest sr;
-  sr.spec = std::move(*spec);
   sr.env = std::move(env);
   sr.cwd = cwd.cwd;
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   std::string base = opts.base_url;
+  server.with_catalog([&server, name, sr = std::move(sr), respond, keep_alive, version,
+                       base](std::shared_ptr<const Catalog> cat) mutable {
+    Request fake;
+    fake.version(version);
+    fake.keep_alive(keep_alive);
+    const std::string want = name.empty() ? cat->default_name : name;
+    const CatalogEntry* entry = cat->find(want);
+    if (!entry) {
+      respond(json_error(fake, http::status::not_found, "No such kernel named " + want));
+      return;
+    }
+    if (!entry->launchable) {
+      respond(json_error(fake, http::status::bad_request,
+                         "Kernel spec " + entry->spec.name + " cannot be launched: " + entry->reason));
+      return;
+    }
+    sr.spec = entry->spec;
+    start_kernel(server, std::move(sr), respond, keep_alive, version, base);
+  }, name);
+}
+
+void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
+                  const std::string& base) {
   server.manager().start(std::move(sr), [&server, respond, keep_alive, version, base](StartResult r) {
     net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, &server] {
       Request fake;
@@ -264,6 +283,22 @@ json kernelspec_json(const Server& server, const KernelSpec& spec) {
     resources[key] = server.options().base_url + "kernelspecs/" + spec.name + "/" + file;
   return {{"name", spec.name}, {"spec", spec.spec_json()}, {"resources", resources}};
 }
+
+}  // namespace
+
+// Every launchable entry, in jupyter_server's shape; built once per catalog.
+const std::string& Server::kernelspecs_body(const std::shared_ptr<const Catalog>& cat) {
+  if (specs_cat_ != cat) {
+    json specs = json::object();
+    for (auto& e : cat->entries)
+      if (e.launchable) specs[e.spec.name] = kernelspec_json(*this, e.spec);
+    specs_body_ = json{{"default", cat->default_name}, {"kernelspecs", specs}}.dump();
+    specs_cat_ = cat;
+  }
+  return specs_body_;
+}
+
+namespace {
 
 std::string content_type_for(const std::string& file) {
   auto dot = file.rfind('.');
@@ -457,17 +492,18 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
     }
     if (parts[1] == "kernelspecs" && n <= 3) {
       if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      auto scan = server.kernelspecs();
-      if (n == 2) {
-        json specs = json::object();
-        for (auto& [name, spec] : scan.specs) specs[name] = kernelspec_json(server, spec);
-        json j = {{"default", server.default_kernelspec(scan)}, {"kernelspecs", specs}};
-        return respond(json_response(req, http::status::ok, j.dump()));
-      }
-      auto spec = Server::find_kernelspec(scan, parts[2]);
-      if (!spec)
-        return respond(json_error(req, http::status::not_found, "Kernel spec " + parts[2] + " not found"));
-      return respond(json_response(req, http::status::ok, kernelspec_json(server, *spec).dump()));
+      std::string name = n == 3 ? parts[2] : "";
+      Request fake;
+      fake.version(req.version());
+      fake.keep_alive(req.keep_alive());
+      return server.with_catalog([&server, name, fake = std::move(fake), respond](std::shared_ptr<const Catalog> cat) {
+        if (name.empty()) return respond(json_response(fake, http::status::ok, server.kernelspecs_body(cat)));
+        const CatalogEntry* e = cat->find(name);
+        if (!e || !e->launchable)
+          return respond(json_error(fake, http::status::not_found,
+                                    "Kernel spec " + name + " not found" + (e ? " (" + e->reason + ")" : "")));
+        return respond(json_response(fake, http::status::ok, kernelspec_json(server, e->spec).dump()));
+      }, name);
     }
   }
   if (n == 0 || (n == 1 && parts[0] == "observe")) {
@@ -482,7 +518,11 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
   }
   if (n == 3 && parts[0] == "kernelspecs") {
     if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
-    auto spec = Server::find_kernelspec(server.kernelspecs(), parts[1]);
+    // Resource files come from the newest catalog there is: no wait for a logo.
+    auto cat = server.discovery().snapshot();
+    const CatalogEntry* entry = cat->find(parts[1]);
+    std::optional<KernelSpec> spec;
+    if (entry) spec = entry->spec;
     std::string file = parts[2];
     auto res_files = spec ? spec->resources() : std::map<std::string, std::string>{};
     bool listed = false;

@@ -68,9 +68,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   for (auto& [section_key, section_node] : tbl) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
-    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel] or [records])");
-    if (section != "server" && section != "limits" && section != "kernel" && section != "records")
-      r.fail(section, "unknown section (expected [server], [limits], [kernel] or [records])");
+    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records] or [discovery])");
+    if (section != "server" && section != "limits" && section != "kernel" && section != "records" &&
+        section != "discovery")
+      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records] or [discovery])");
     for (auto& [k, node] : *sec) {
       std::string key(k.str());
       std::string full = section + "." + key;
@@ -138,8 +139,19 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "reply_grace_ms") rl.reply_grace = std::chrono::milliseconds(r.integer(node, full, 0, 600000));
         else if (key == "max_waiters") opts.max_waiters = std::size_t(r.integer(node, full, 1, 1 << 20));
         else r.fail(full, "unknown key");
+      } else if (section == "discovery") {
+        auto& d = opts.discovery;
+        auto ms = [&](std::chrono::milliseconds& dst, std::int64_t lo) {
+          dst = std::chrono::milliseconds(r.integer(node, full, lo, 86400000));
+        };
+        if (key == "interpreters") d.interpreters = r.boolean(node, full);
+        else if (key == "watch_interval_ms") ms(d.watch_interval, 100);
+        else if (key == "rescan_seconds") d.rescan_interval = std::chrono::seconds(r.integer(node, full, 1, 86400));
+        else if (key == "probe_timeout_ms") ms(d.probe_timeout, 100);
+        else if (key == "request_wait_ms") ms(d.request_wait, 0);
+        else r.fail(full, "unknown key");
       } else {
-        r.fail(section, "unknown section (expected [server], [limits], [kernel] or [records])");
+        r.fail(section, "unknown section (expected [server], [limits], [kernel], [records] or [discovery])");
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "discovery_api.hpp"
 #include "kgate/jobs.hpp"
 #include "kgate/version.hpp"
 #include "observe_page.hpp"
@@ -451,6 +452,7 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
                   const std::string& query, Respond respond) {
   auto m = req.method();
   auto n = parts.size();  // parts[0] == "api", parts[1] == "kgate"
+  if (n >= 3 && parts[2] == "kernelspecs") return handle_kgate_kernelspecs(server, req, parts, query, std::move(respond));
   if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
     return respond(json_error(req, http::status::service_unavailable,
                               "Job records are switched off in this kgate ([records] enabled = false)"));

@@ -7,6 +7,8 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "cli_kernelspecs.hpp"
+#include "cli_remote.hpp"
 #include "config.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
@@ -32,11 +34,28 @@ int main(int argc, char** argv) {
   serve->add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
 
+  auto* kernels = app.add_subcommand("kernels", "List the kernelspecs, kernels and sessions of a gateway or Jupyter server");
+  std::string kernels_host;
+  bool kernels_json = false;
+  kernels->add_option("--host", kernels_host,
+                      "A gateways.toml name or a URL (default $KGATE_URL, else http://127.0.0.1:8787; "
+                      "token from gateways.toml or $KGATE_TOKEN)");
+  kernels->add_flag("--json", kernels_json, "Print one JSON object instead of the table");
+
+  auto* kernelspecs = app.add_subcommand("kernelspecs", "Find the kernelspecs this machine offers, as serve would");
+  bool kernelspecs_json = false;
+  kernelspecs->add_flag("--json", kernelspecs_json, "Print the catalog as JSON instead of the table");
+
   CLI11_PARSE(app, argc, argv);
 
   auto logger = spdlog::stderr_color_mt("kgate");
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (!*serve) {  // the one-shot commands: stdout is theirs, only warnings go to stderr
+    spdlog::set_level(spdlog::level::warn);
+    if (*kernels) return kgate::gw::print_remote_kernels(kgate::mcp::load_config(), kernels_host, kernels_json);
+    return kgate::gw::print_kernelspecs(kernelspecs_json);
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   GatewayOptions opts;

@@ -50,6 +50,15 @@ struct GatewayOptions {
 
   KernelOptions kernel;
   RecordLimits records;
+
+  // Kernel discovery (DEV.md "Kernel discovery").
+  struct Discovery {
+    bool interpreters = true;                          // offer each Python env with ipykernel
+    std::chrono::milliseconds watch_interval{2000};    // kernelspec dirs checked for changes
+    std::chrono::milliseconds rescan_interval{60000};  // full rediscovery (new envs)
+    std::chrono::milliseconds probe_timeout{10000};    // one interpreter probe
+    std::chrono::milliseconds request_wait{3000};      // a request waits this long for the first discovery
+  } discovery;
 };
 
 }  // namespace kgate::gw

@@ -16,6 +16,9 @@ Server::Server(GatewayOptions opts)
       jobs_(opts_.records),
       waiters_(ioc_, opts_.max_waiters),
       sweep_timer_(ioc_),
+      discovery_(DiscoveryOptions{LocatorEnv::from_process(), opts_.default_kernel, opts_.discovery.interpreters},
+                 DiscoveryService::Timing{opts_.discovery.watch_interval, opts_.discovery.rescan_interval,
+                                          opts_.discovery.probe_timeout}),
       acceptor_(ioc_),
       signals_(ioc_, SIGINT, SIGTERM) {
   if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
@@ -26,6 +29,7 @@ Server::Server(GatewayOptions opts)
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
+  discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   // A change in the records (on any thread) re-checks the waiting requests, once per burst.
   jobs_.set_on_change([this] {
     if (!poke_pending_.exchange(true))
@@ -37,6 +41,7 @@ Server::Server(GatewayOptions opts)
 }
 
 Server::~Server() {
+  discovery_.stop();
   manager_.reset();  // stops kernels and the I/O thread before the hub goes
 }
 
@@ -103,24 +108,31 @@ void Server::do_accept() {
   });
 }
 
-KernelSpecScan Server::kernelspecs() const {
-  auto scan = scan_kernelspecs(kernelspec_dirs());
-  for (auto& w : scan.warnings) spdlog::warn("kernelspec skipped: {}", w);
-  return scan;
-}
-
-std::optional<KernelSpec> Server::find_kernelspec(const KernelSpecScan& scan, const std::string& name) {
-  std::string lname = lowercase(name);
-  if (auto it = scan.specs.find(lname); it != scan.specs.end()) return it->second;
-  if (lname == "python")
-    if (auto it = scan.specs.find("python3"); it != scan.specs.end()) return it->second;
-  return std::nullopt;
-}
-
-std::string Server::default_kernelspec(const KernelSpecScan& scan) const {
-  if (scan.specs.count(opts_.default_kernel)) return opts_.default_kernel;
-  if (!scan.specs.empty()) return scan.specs.begin()->first;
-  return opts_.default_kernel;
+void Server::with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name) {
+  auto cat = discovery_.full_snapshot();
+  if (cat && (name.empty() || cat->find(name))) return fn(std::move(cat));
+  // The first discovery is still running, or the name is not in the catalog yet: answer when a
+  // (new) discovery is out, or at the bound with what is known by then, whichever comes first.
+  struct Pending {
+    explicit Pending(net::io_context& io) : timer(io) {}
+    net::steady_timer timer;
+    std::function<void(std::shared_ptr<const Catalog>)> fn;
+    bool done = false;
+  };
+  auto p = std::make_shared<Pending>(ioc_);
+  p->fn = std::move(fn);
+  auto finish = [this, p] {
+    if (p->done) return;
+    p->done = true;
+    p->timer.cancel();
+    p->fn(discovery_.snapshot());
+  };
+  p->timer.expires_after(opts_.discovery.request_wait);
+  p->timer.async_wait([finish](beast::error_code ec) {
+    if (ec != net::error::operation_aborted) finish();
+  });
+  auto gen = cat ? discovery_.refresh() : DiscoveryService::kFirstFull;
+  discovery_.when_generation(gen, [this, finish] { net::post(ioc_, finish); });
 }
 
 std::string Server::last_activity() const { return last_activity_; }

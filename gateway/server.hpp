@@ -4,12 +4,14 @@
 // kernel manager runs the kernel I/O thread; libzmq runs its own I/O thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "hub.hpp"
 #include "jobs_api.hpp"
+#include "kgate/discovery.hpp"
 #include "kgate/jobs.hpp"
 #include "net.hpp"
 #include "options.hpp"
@@ -38,12 +40,15 @@ class Server {
   Waiters& waiters() { return waiters_; }
   tcp::endpoint endpoint() const { return endpoint_; }
 
-  // Kernelspecs, scanned from the Jupyter data directories on each call.
-  KernelSpecScan kernelspecs() const;
-  // `name` in `scan`: case-insensitive, and "python" means "python3" when only that exists.
-  static std::optional<KernelSpec> find_kernelspec(const KernelSpecScan& scan, const std::string& name);
-  // The default kernelspec name: opts.default_kernel if it exists, else the first one.
-  std::string default_kernelspec(const KernelSpecScan& scan) const;
+  // The kernel catalog (kernelspecs and Python environments, kgate/discovery.hpp). Calls `fn`
+  // on the Asio thread with the newest catalog: at once when the first full discovery is done,
+  // else when it is, or after options().discovery.request_wait with what is known by then.
+  // With `name`: a catalog without that entry is not taken as final; a rediscovery runs first
+  // (bounded the same way), so a kernelspec installed a moment ago is found.
+  void with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name = "");
+  DiscoveryService& discovery() { return discovery_; }
+  // GET /api/kernelspecs's body for `cat` (cached per catalog; Asio thread only).
+  const std::string& kernelspecs_body(const std::shared_ptr<const Catalog>& cat);
 
   const std::string& started() const { return started_; }
   std::string last_activity() const;
@@ -62,6 +67,9 @@ class Server {
   net::steady_timer sweep_timer_;
   std::atomic<bool> poke_pending_{false};
   std::unique_ptr<KernelManager> manager_;
+  DiscoveryService discovery_;  // after ioc_: its callbacks post into it
+  std::shared_ptr<const Catalog> specs_cat_;  // the catalog specs_body_ was made from
+  std::string specs_body_;
   tcp::acceptor acceptor_;
   net::signal_set signals_;
   tcp::endpoint endpoint_;

@@ -245,30 +245,6 @@ void ensure_private_dir(const fs::path& dir) {
   if (::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
 }
 
-std::vector<fs::path> kernelspec_dirs() {
-  std::vector<fs::path> dirs;
-  const auto add = [&dirs](fs::path p) {
-    for (const auto& d : dirs) {
-      if (d == p) return;
-    }
-    dirs.push_back(std::move(p));
-  };
-  const std::string jp = env("JUPYTER_PATH");
-  std::string_view rest = jp;
-  while (!rest.empty()) {
-    const auto colon = rest.find(':');
-    std::string_view entry = rest.substr(0, colon);
-    rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
-    while (entry.size() > 1 && entry.back() == '/') entry.remove_suffix(1);
-    if (entry.empty()) continue;
-    add(fs::path(entry) / "kernels");
-  }
-  add(jupyter_data_dir() / "kernels");
-  add("/usr/local/share/jupyter/kernels");
-  add("/usr/share/jupyter/kernels");
-  return dirs;
-}
-
 // ---- random ids ------------------------------------------------------------------------
 
 std::string new_uuid() { return format_uuid(true); }

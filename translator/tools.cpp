@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
+#include "remote.hpp"
 #include "install_inspectors_py.hpp"
 #include "startup_wrapper_py.hpp"
 
@@ -153,8 +154,10 @@ const char* kPollDesc =
     "reason. Works for anyone's job, the user's included.";
 
 const char* kListDesc =
-    "List the kernels of a gateway (host as in connect; default: the current gateway, else "
-    "the local one): id, state, connections, which agent holds it, and '<- current'. Kernels "
+    "List the kernelspecs and kernels of a gateway: host as in connect (default: the current "
+    "gateway, else the local one); any Jupyter server works, by gateways.toml name or URL. For "
+    "each kernel: id, kernelspec, state, connections, last activity, which agent holds it, the "
+    "job running on it, the notebooks/consoles (sessions) using it, and '<- current'. Kernels "
     "linger until stopped: an old kernel here may hold a previous conversation's work, which "
     "connect(kernel=id) resumes.";
 
@@ -776,27 +779,17 @@ ToolReply Translator::list_kernels(Call& c) {
   std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (!endpoint_for(host, cur, ep, error)) return text_reply(error);
-  auto http = client(ep);
-  auto r = http->get("api/kgate/kernels");
-  bool ext = r.status == 200;
-  if (!ext) r = http->get("api/kernels");
-  if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message());
-  std::string out;
-  for (auto& k : r.json_body()) {
-    std::string id = k.value("id", "");
-    out += id + "  " + k.value("execution_state", "") + "  connections=" + std::to_string(k.value("connections", 0));
-    if (ext && k.contains("claim") && k["claim"].is_object()) {
-      auto& cl = k["claim"];
-      out += "  held by " + (cl.value("agent", "") == agent_ ? std::string("you") : cl.value("label", cl.value("agent", ""))) +
-             (cl.value("alive", false) ? "" : " (gone)");
-    }
-    if (ext && k.contains("running_job") && k["running_job"].is_string()) out += "  running " + k["running_job"].get<std::string>();
-    if (cur && cur->kernel == id && cur->ep.url == ep.url) out += "  <- current";
-    out += "\n";
+  if (!endpoint_for(host, cur, ep, error)) {
+    std::string hint = error.rfind("unknown gateway", 0) == 0 ? known_gateways_hint(cfg_) : "";
+    return text_reply(hint.empty() ? error : error + "; " + hint);
   }
-  if (out.empty()) return text_reply("no kernels on " + ep.url);
-  out.pop_back();
+  RemoteListing l = list_remote(client(ep));
+  if (!l.listed_anything()) return text_reply(l.error_text());
+  RenderMarks marks;
+  marks.self_agent = agent_;
+  if (cur && cur->ep.url == ep.url) marks.current_kernel = cur->kernel;
+  std::string out = render_text(l, marks);
+  if (!l.complete()) out += "\nincomplete: " + l.error_text();
   return text_reply(out);
 }
 

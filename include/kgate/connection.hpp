@@ -42,9 +42,7 @@ std::filesystem::path jupyter_data_dir();
 std::filesystem::path jupyter_runtime_dir();
 // Creates `dir` (and parents) if needed and makes it mode 0700.  Throws on failure.
 void ensure_private_dir(const std::filesystem::path& dir);
-// The kernelspec search path, first wins: $JUPYTER_PATH entries, the user data dir,
-// /usr/local/share/jupyter, /usr/share/jupyter, each joined with "kernels".
-std::vector<std::filesystem::path> kernelspec_dirs();
+// The kernelspec search path is kernelspec_search_dirs() in discovery.hpp.
 
 // A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
 std::string new_uuid();

@@ -332,30 +332,6 @@ TEST(Dirs, RuntimeDirMatchesJupyterCore) {
   EXPECT_EQ(out, jupyter_data_dir().string() + "\n" + jupyter_runtime_dir().string() + "\n");
 }
 
-TEST(Dirs, KernelspecSearchPath) {
-  ScopedEnv d("JUPYTER_DATA_DIR", "/data");
-  {
-    ScopedEnv p("JUPYTER_PATH", "/a/:/b::/a:/c//:/usr/share/jupyter/");
-    const std::vector<fs::path> want = {"/a/kernels",
-                                        "/b/kernels",
-                                        "/c/kernels",
-                                        "/usr/share/jupyter/kernels",
-                                        "/data/kernels",
-                                        "/usr/local/share/jupyter/kernels"};
-    EXPECT_EQ(kernelspec_dirs(), want);
-  }
-  {
-    ScopedEnv p("JUPYTER_PATH", std::nullopt);
-    const std::vector<fs::path> want = {"/data/kernels", "/usr/local/share/jupyter/kernels",
-                                        "/usr/share/jupyter/kernels"};
-    EXPECT_EQ(kernelspec_dirs(), want);
-  }
-  {
-    ScopedEnv p("JUPYTER_PATH", ":");
-    EXPECT_EQ(kernelspec_dirs().size(), 3u);
-  }
-}
-
 // ---- random ids ------------------------------------------------------------------------
 
 TEST(Ids, UuidFormatAndUniqueness) {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# kgate kernel-discovery benchmark (issue 5's figures): a warm GET /api/kernelspecs on kgate vs jupyter_server
+# (and jupyter_server --gateway-url kgate), a cold `kgate kernelspecs` vs `jupyter kernelspec list`, and
+# `kgate serve` spawn to its first full catalog.
+# usage: bench/discovery.sh [-h]
+#   env: KGATE_BIN (default <repo>/build/gateway/kgate), DISC_PARTS=cold,start,warm, DISC_N=1000, DISC_COLD=5,
+#        DISC_STARTS=5, DISC_PEER_STARTS=3, DISC_GATEWAY=1 (0: no --gateway-url column), DISC_BUDGET=110 (s),
+#        DISC_OUT=bench/results/discovery-latest.json, DISC_KEEP_TMP=1
+# Prints tables on stdout, progress on stderr, raw JSON to bench/results/discovery-latest.json.
+# Exit status: 0 all steps ran, 1 a step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${1:-}" in
+  -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "usage: bench/discovery.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
+esac
+py=/usr/bin/python3   # Debian's python has jupyter_server/jupyter_client; pyenv's does not
+if ! "$py" -c 'import jupyter_server, jupyter_client' 2>/dev/null; then
+  echo "discovery: $py lacks jupyter_server/jupyter_client (run scripts/bootstrap.sh)" >&2
+  exit 2
+fi
+exec "$py" "$here/discovery.py"

@@ -1,0 +1,62 @@
+// GET /api/kgate/kernelspecs: the kernel catalog with every entry's verdict (discovery.hpp).
+#include "discovery_api.hpp"
+
+#include "server.hpp"
+
+namespace kgate::gw {
+
+namespace {
+
+constexpr auto kRefreshWait = std::chrono::seconds(60);
+
+Response catalog_response(Server& server, const Request& fake, const Catalog& cat) {
+  json j = catalog_json(cat);
+  j["generation"] = server.discovery().generation();
+  return json_response(fake, http::status::ok, j.dump());
+}
+
+}  // namespace
+
+void handle_kgate_kernelspecs(Server& server, const Request& req, const std::vector<std::string>& parts,
+                              const std::string& query, Respond respond) {
+  if (parts.size() != 3) {
+    std::string path;
+    for (auto& p : parts) path += "/" + p;
+    return respond(json_error(req, http::status::not_found, "Not found: " + path));
+  }
+  if (req.method() != http::verb::get) {
+    Response res = json_error(req, http::status::method_not_allowed, "Method not allowed (GET)");
+    res.set(http::field::allow, "GET");
+    return respond(std::move(res));
+  }
+  Request fake;
+  fake.version(req.version());
+  fake.keep_alive(req.keep_alive());
+  std::string refresh = query_param(query, "refresh");
+  if (refresh.empty() || refresh == "0" || refresh == "false") {
+    return server.with_catalog([&server, fake, respond](std::shared_ptr<const Catalog> cat) {
+      respond(catalog_response(server, fake, *cat));
+    });
+  }
+  // A rediscovery now: answer when its catalog is out, or at kRefreshWait with the newest one.
+  struct Pending {
+    explicit Pending(net::io_context& io) : timer(io) {}
+    net::steady_timer timer;
+    bool done = false;
+  };
+  auto p = std::make_shared<Pending>(server.ioc());
+  auto finish = [&server, p, fake, respond] {
+    if (p->done) return;
+    p->done = true;
+    p->timer.cancel();
+    respond(catalog_response(server, fake, *server.discovery().snapshot()));
+  };
+  p->timer.expires_after(kRefreshWait);
+  p->timer.async_wait([finish](beast::error_code ec) {
+    if (ec != net::error::operation_aborted) finish();
+  });
+  auto gen = server.discovery().refresh();
+  server.discovery().when_generation(gen, [&server, finish] { net::post(server.ioc(), finish); });
+}
+
+}  // namespace kgate::gw
