@@ -212,7 +212,13 @@ def test_venv_with_ipykernel_is_offered_and_runs_in_the_venv(kg, tree):
     assert e["launchable"], e
     assert e["kind"] == "interpreter" and e["name"].startswith("py-withipk-"), e
     assert "withipk" in e["display_name"], e
-    assert e["name"] in specs(kg)["kernelspecs"]
+    model_spec = specs(kg)["kernelspecs"][e["name"]]
+    assert model_spec["spec"]["argv"][0] == str(tree["with_ipk"] / "bin" / "python3"), model_spec
+    # its logos are ipykernel's, served like any kernelspec's resources
+    logo = model_spec["resources"].get("logo-64x64")
+    assert logo, model_spec
+    status, _, png = kg.http("GET", logo)
+    assert status == 200 and png.startswith(b"\x89PNG"), (status, png[:40])
     out, model = run_in(kg, e["name"], "import sys; print(sys.prefix)")
     assert out.strip() == str(tree["with_ipk"])
     assert model["name"] == e["name"]
