@@ -187,6 +187,19 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   StartRequest sr;
   sr.env = std::move(env);
   sr.cwd = cwd.cwd;
+  // kgate's per-kernel idle timeout (README "Idle culling"): seconds, 0 = never culled, null or
+  // absent = the gateway's.
+  if (auto it = body.find("kgate_cull_idle_timeout"); it != body.end() && !it->is_null()) {
+    constexpr double kMax = 31536000;  // a year
+    double v = it->is_number() ? it->get<double>() : -1;
+    if (!(v == 0 || (v >= 1 && v <= kMax))) {
+      respond(json_error(req, http::status::bad_request,
+                         "\"kgate_cull_idle_timeout\" must be a number of seconds: 0 (never cull this "
+                         "kernel) or from 1 to 31536000"));
+      return;
+    }
+    sr.cull_idle_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1000 + 0.5));
+  }
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   std::string base = opts.base_url;

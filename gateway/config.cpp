@@ -68,10 +68,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   for (auto& [section_key, section_node] : tbl) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
-    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records] or [discovery])");
+    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records], [discovery] or [culling])");
     if (section != "server" && section != "limits" && section != "kernel" && section != "records" &&
-        section != "discovery")
-      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records] or [discovery])");
+        section != "discovery" && section != "culling")
+      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery] or [culling])");
     for (auto& [k, node] : *sec) {
       std::string key(k.str());
       std::string full = section + "." + key;
@@ -150,8 +150,15 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "probe_timeout_ms") ms(d.probe_timeout, 100);
         else if (key == "request_wait_ms") ms(d.request_wait, 0);
         else r.fail(full, "unknown key");
+      } else if (section == "culling") {
+        auto& c = opts.culling;
+        if (key == "cull_idle_timeout") c.idle_timeout = std::chrono::seconds(r.integer(node, full, 0, 31536000));
+        else if (key == "cull_interval") c.interval = std::chrono::seconds(r.integer(node, full, 1, 86400));
+        else if (key == "cull_connected") c.connected = r.boolean(node, full);
+        else if (key == "cull_busy") c.busy = r.boolean(node, full);
+        else r.fail(full, "unknown key");
       } else {
-        r.fail(section, "unknown section (expected [server], [limits], [kernel], [records] or [discovery])");
+        r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery] or [culling])");
       }
     }
   }

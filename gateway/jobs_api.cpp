@@ -189,6 +189,14 @@ json kernel_ext_json(Server& server, const KernelPtr& k) {
   j["running_job"] = info.running_job.empty() ? json(nullptr) : json(info.running_job);
   j["restarts"] = info.restarts;
   j["kernelspec"] = k->spec().name;
+  // Idle culling (README "Idle culling"): seconds, to the millisecond.
+  auto secs = [](auto d) {
+    return double(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) / 1000.0;
+  };
+  j["age_seconds"] = secs(std::chrono::steady_clock::now() - k->created_at());
+  j["idle_seconds"] = secs(k->idle_for());
+  auto cull = server.cull_timeout(*k);
+  j["cull_after_seconds"] = cull ? json(secs(cull->timeout)) : json(nullptr);
   return j;
 }
 

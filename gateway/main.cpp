@@ -12,6 +12,7 @@
 #include "config.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
+#include "service.hpp"
 
 int main(int argc, char** argv) {
   using kgate::gw::GatewayOptions;
@@ -46,11 +47,35 @@ int main(int argc, char** argv) {
   bool kernelspecs_json = false;
   kernelspecs->add_flag("--json", kernelspecs_json, "Print the catalog as JSON instead of the table");
 
+  kgate::gw::ServiceOptions service;
+  auto add_scope = [&service](CLI::App* sub) {
+    auto* user = sub->add_flag_callback("--user", [&service] { service.scope = kgate::gw::ServiceScope::user; },
+                                        "A user service: ~/.config/systemd/user/kgate.service (the default)");
+    sub->add_flag_callback("--system", [&service] { service.scope = kgate::gw::ServiceScope::system; },
+                           "A system service: /etc/systemd/system/kgate.service with User= you (needs root)")
+        ->excludes(user);
+    sub->add_flag("--dry-run", service.dry_run, "Print what would be written or done; change nothing");
+    sub->add_flag("--launchd", service.launchd, "The macOS launchd agent (on Linux: with --dry-run)")->group("");
+  };
+  auto* install = app.add_subcommand("install-service",
+                                     "Write a systemd unit (macOS: a launchd agent) running `kgate serve`, and enable it");
+  add_scope(install);
+  install->add_flag_callback("--no-enable", [&service] { service.enable = false; },
+                             "Only write the file; print the commands that enable it");
+  install->add_option("--config", service.config, "kgate.toml the service's `kgate serve` reads (default: serve's)");
+  auto* uninstall = app.add_subcommand("uninstall-service", "Stop and disable the service and remove its file");
+  add_scope(uninstall);
+
   CLI11_PARSE(app, argc, argv);
 
   auto logger = spdlog::stderr_color_mt("kgate");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (kgate::gw::stderr_is_journal())  // under systemd: journald stamps the time and reads <N>
+    spdlog::set_formatter(kgate::gw::journal_formatter());
+  else
+    spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (*install) return kgate::gw::install_service(service, std::cout, std::cerr);
+  if (*uninstall) return kgate::gw::uninstall_service(service, std::cout, std::cerr);
   if (!*serve) {  // the one-shot commands: stdout is theirs, only warnings go to stderr
     spdlog::set_level(spdlog::level::warn);
     if (*kernels) return kgate::gw::print_remote_kernels(kgate::mcp::load_config(), kernels_host, kernels_json);

@@ -59,6 +59,14 @@ struct GatewayOptions {
     std::chrono::milliseconds probe_timeout{10000};    // one interpreter probe
     std::chrono::milliseconds request_wait{3000};      // a request waits this long for the first discovery
   } discovery;
+
+  // Idle culling, jupyter_server's MappingKernelManager.cull_* (DEV.md "Idle culling").
+  struct Culling {
+    std::chrono::seconds idle_timeout{0};  // cull_idle_timeout: idle this long -> culled; 0 = off
+    std::chrono::seconds interval{300};    // cull_interval: how often kernels are checked (>= 1)
+    bool connected = false;                // cull_connected: also kernels with websocket clients
+    bool busy = false;                     // cull_busy: also busy kernels
+  } culling;
 };
 
 }  // namespace kgate::gw

@@ -50,6 +50,15 @@ class Server {
   // GET /api/kernelspecs's body for `cat` (cached per catalog; Asio thread only).
   const std::string& kernelspecs_body(const std::shared_ptr<const Catalog>& cat);
 
+  // The idle timeout that applies to kernel `k`: its POST's "kgate_cull_idle_timeout", else its
+  // kernelspec's metadata.cull_idle_timeout, else [culling] cull_idle_timeout; `setting` names
+  // which.  nullopt: it is never culled for idleness (off, or 0).  Any thread.
+  struct CullTimeout {
+    std::chrono::milliseconds timeout;
+    std::string setting;
+  };
+  std::optional<CullTimeout> cull_timeout(const Kernel& k) const;
+
   const std::string& started() const { return started_; }
   std::string last_activity() const;
   void touch() { last_activity_ = iso_now(); }
@@ -58,6 +67,8 @@ class Server {
   void do_accept();
   void on_signal(beast::error_code ec, int sig);
   void sweep_jobs();
+  void arm_cull_timer();
+  void cull_kernels();  // every [culling] cull_interval, on the Asio thread
 
   GatewayOptions opts_;
   net::io_context ioc_{1};
@@ -65,6 +76,7 @@ class Server {
   JobStore jobs_;  // before manager_: the I/O thread feeds it
   Waiters waiters_;
   net::steady_timer sweep_timer_;
+  net::steady_timer cull_timer_;
   std::atomic<bool> poke_pending_{false};
   std::unique_ptr<KernelManager> manager_;
   DiscoveryService discovery_;  // after ioc_: its callbacks post into it

@@ -9,6 +9,7 @@ PKGS=(
   python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
   python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib python3-venv
   jupyter-console chromium libstb-dev libsimdjson-dev procps
+  libsystemd-dev systemd openssl
 )
 
 missing=()

@@ -99,6 +99,7 @@ std::string_view status_name(JobStatus s) noexcept {
     case JobStatus::aborted: return "aborted";
     case JobStatus::kernel_lost: return "kernel_lost";
     case JobStatus::end_not_recorded: return "end_not_recorded";
+    case JobStatus::culled: return "culled";
   }
   return "running";
 }
@@ -293,17 +294,17 @@ void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
   }
 }
 
-void JobStore::lose_running_locked(const std::string& kernel, const std::string& why) {
+void JobStore::lose_running_locked(const std::string& kernel, JobStatus status, const std::string& note) {
   std::vector<std::uint64_t> running(running_.begin(), running_.end());
   for (auto n : running) {
     Job& j = jobs_.at(n);
     if (j.kernel != kernel) continue;
     // Every running job of the kernel is lost here: no repair among them is needed.
-    j.status = JobStatus::kernel_lost;
+    j.status = status;
     j.t_ended = Clock::now();
     j.ended_at = iso_now();
     std::size_t before = j.bytes();
-    j.note = "The kernel stopped before this job finished (" + why + ").";
+    j.note = note;
     add_bytes(before, j);
     finished_locked(j);
   }
@@ -475,7 +476,24 @@ void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle even
     std::lock_guard lk(mu_);
     auto& pk = kernels_[kernel->id()];
     pk.inflight.clear();
-    lose_running_locked(kernel->id(), reason);
+    if (event == KernelLifecycle::culled) {
+      // Its newest finished record says so (the one an agent reads last); running ones end
+      // `culled`.  Newest first: a kernel's last record is usually among the last few.
+      for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it) {
+        Job& j = it->second;
+        if (j.kernel != kernel->id()) continue;
+        if (j.running()) continue;
+        std::size_t before = j.bytes();
+        j.note += (j.note.empty() ? "" : " ") + std::string("The kernel was ") + reason + " after this job.";
+        add_bytes(before, j);
+        break;
+      }
+      lose_running_locked(kernel->id(), JobStatus::culled,
+                          "The kernel was " + reason + " while this job ran.");
+    } else {
+      lose_running_locked(kernel->id(), JobStatus::kernel_lost,
+                          "The kernel stopped before this job finished (" + reason + ").");
+    }
     if (event == KernelLifecycle::restarting) {
       ++pk.generation;
       ++pk.restarts;
@@ -492,7 +510,8 @@ void JobStore::on_kernel_removed(const KernelPtr& kernel) {
   if (!limits_.enabled) return;
   {
     std::lock_guard lk(mu_);
-    lose_running_locked(kernel->id(), "the kernel was shut down");
+    lose_running_locked(kernel->id(), JobStatus::kernel_lost,
+                        "The kernel stopped before this job finished (the kernel was shut down).");
     kernels_.erase(kernel->id());
     changed_locked();
     enforce_locked();

@@ -7,6 +7,7 @@
 #include "kgate/kernel.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <condition_variable>
 #include <csignal>
@@ -122,8 +123,16 @@ void Kernel::set_state(std::string state, std::string reason) {
 
 void Kernel::touch() {
   auto now = iso_now();
+  auto t = Clock::now();
   std::lock_guard lk(mu_);
   last_activity_ = std::move(now);
+  last_touch_ = t;
+}
+
+Kernel::Clock::duration Kernel::idle_for() const {
+  auto now = Clock::now();
+  std::lock_guard lk(mu_);
+  return now - last_touch_;
 }
 
 void Kernel::set_process(int pid, std::filesystem::path file, ConnectionInfo conn) {
@@ -210,6 +219,7 @@ struct KernelIo {
   std::vector<std::function<void(StartResult)>> start_waiters;
   std::vector<std::function<void(bool)>> stop_waiters;
   bool restart_requested = false;
+  bool culled = false;  // culled: nothing more of it goes to observers (clients were told dead)
 
   std::deque<ClientMessage> held;  // client messages waiting for readiness
   std::unordered_map<std::string, Pending> pending;
@@ -308,6 +318,7 @@ struct KernelManager::Impl {
   bool interrupt_now(KernelIo& k);
   void begin_stop(KernelIo& k, bool restart);
   void finish_removal(KernelIo& k);
+  bool cull_now(KernelIo& k, const CullRequest& req);
   void heartbeat_tick(const std::string& id, std::uint64_t epoch);
 };
 
@@ -573,6 +584,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
     if (m.channel == Channel::control) k.remember_control(m.msg_id);
   }
+  k.kernel->touch();  // a client's message is activity too (idle culling)
   for (auto* o : observers) o->on_client_message(k.kernel, m);
 }
 
@@ -661,6 +673,13 @@ void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel 
 }
 
 void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&& m) {
+  // A culled kernel's clients were told it is dead: what it says while it exits (the busy and
+  // idle around shutdown_request, a cell's last output) is not passed on.  Its requests were
+  // answered by fail_pending, and shutdown_reply is kgate's own.
+  if (k.culled) {
+    if (ch != Channel::iopub) k.internal.erase(m.parent_msg_id);
+    return;
+  }
   if (ch == Channel::iopub) {
     k.kernel->touch();
     if (m.msg_type == "status") {
@@ -858,6 +877,51 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Idle culling
+
+static std::string seconds_text(std::chrono::milliseconds d) {
+  auto ms = d.count();
+  if (ms % 1000 == 0) return std::to_string(ms / 1000);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", double(ms) / 1000.0);
+  return buf;
+}
+
+bool KernelManager::Impl::cull_now(KernelIo& k, const CullRequest& req) {
+  auto id = k.kernel->id();
+  if (k.phase == Phase::dead) {
+    // jupyter_server's culler shuts dead kernels down at its next pass; so does kgate's.
+    spdlog::info("kernel {}: culling the dead kernel ({})", id, k.kernel->model().reason);
+    begin_stop(k, /*restart=*/false);  // not running: removed at once
+    return true;
+  }
+  if (k.phase != Phase::ready || req.idle_timeout.count() <= 0) return false;
+  auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(k.kernel->idle_for());
+  if (idle <= req.idle_timeout) return false;  // activity since the gateway looked
+  if (!req.cull_busy && k.kernel->execution_state() == "busy") return false;
+  int connections = k.kernel->connections();
+  if (!req.cull_connected && connections > 0) return false;
+  std::string reason = "culled after " + std::to_string(idle.count() / 1000) + " s idle (" +
+                       req.setting + " = " + seconds_text(req.idle_timeout) + " s)";
+  spdlog::warn("kernel {}: {} with {} connection(s), state {}", id, reason, connections,
+               k.kernel->execution_state());
+  // The records first (a client that sees dead finds its cell ended), then the clients: the
+  // note, then dead, then the error replies to whatever was pending (begin_stop).
+  lifecycle(k, KernelLifecycle::culled, reason);
+  deliver(k, synthesize_message(Channel::iopub, "stream", k.session, "{}",
+                                json{{"name", "stderr"},
+                                     {"text", "[kgate] kernel " + reason + "; shutting it down\n"}}));
+  k.kernel->set_state("dead", "kernel " + reason);
+  broadcast_status(k, "dead");
+  k.restart_requested = false;
+  begin_stop(k, /*restart=*/false);
+  if (!find(id)) return true;  // removed at once (its process was already gone)
+  k.culled = true;
+  k.kernel->set_state("dead", "kernel " + reason);  // begin_stop keeps the state, not the reason
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------
 // The loop
 
 void KernelManager::Impl::run() {
@@ -975,6 +1039,7 @@ KernelManager::~KernelManager() {
 
 void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
   auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(req.spec));
+  kernel->set_cull_idle_timeout(req.cull_idle_timeout);
   impl_->post([this, kernel, req = std::move(req), done = std::move(done)]() mutable {
     Impl& m = *impl_;
     if (m.stopping) {
@@ -1103,6 +1168,14 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
         break;
       }
     }
+  });
+}
+
+void KernelManager::cull(const std::string& id, CullRequest req, std::function<void(bool)> done) {
+  impl_->post([this, id, req = std::move(req), done = std::move(done)] {
+    KernelIo* k = impl_->find(id);
+    bool culled = k && impl_->cull_now(*k, req);
+    if (done) done(culled);
   });
 }
 

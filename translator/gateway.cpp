@@ -9,6 +9,7 @@
 #include <boost/beast/websocket.hpp>
 #include <spdlog/spdlog.h>
 
+#include "tls.hpp"
 #include "version_info.hpp"
 
 namespace kgate::mcp {
@@ -17,6 +18,7 @@ namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace websocket = beast::websocket;
+namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 
 namespace {
@@ -43,6 +45,31 @@ std::string percent_encode(std::string_view s) {
   return out;
 }
 
+// Resolves `ep`, connects the TCP layer of `s` (deadline `timeout`) and, when `s` is a TLS stream,
+// does the TLS handshake (deadline `timeout` again).  Then done(ec, tls_error): `tls_error`
+// names a failed handshake, else it is "".  The caller runs the io_context.
+template <class Stream>
+void async_open(Stream& s, tcp::resolver& resolver, const Endpoint& ep, std::chrono::milliseconds timeout,
+                std::function<void(beast::error_code, std::string)> done) {
+  resolver.async_resolve(ep.host, ep.port, [&s, &ep, timeout, done](beast::error_code rec,
+                                                                   tcp::resolver::results_type results) {
+    if (rec) return done(rec, "");
+    beast::get_lowest_layer(s).expires_after(timeout);
+    beast::get_lowest_layer(s).async_connect(results, [&s, &ep, timeout, done](beast::error_code cec,
+                                                                               const tcp::endpoint&) {
+      if (cec) return done(cec, "");
+      tls::TlsStream* t = tls::tls_layer(s);
+      if (!t) return done({}, "");
+      std::string error;
+      if (!tls::set_peer(*t, ep, error)) return done(net::error::invalid_argument, error);
+      beast::get_lowest_layer(s).expires_after(timeout);
+      t->async_handshake(ssl::stream_base::client, [t, &ep, timeout, done](beast::error_code hec) {
+        done(hec, hec ? tls::handshake_message(ep, *t, hec, timeout) : "");
+      });
+    });
+  });
+}
+
 }  // namespace
 
 bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error) {
@@ -54,14 +81,11 @@ bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error
   ep.url = url;
   ep.scheme = url.substr(0, sep);
   for (auto& c : ep.scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
-  if (ep.scheme == "https") {
-    error = "https gateways are not supported yet (" + url + "): use http on loopback or an SSH tunnel";
+  if (ep.scheme != "http" && ep.scheme != "https") {
+    error = "unsupported URL scheme '" + ep.scheme + "' in " + url + " (expected http or https)";
     return false;
   }
-  if (ep.scheme != "http") {
-    error = "unsupported URL scheme '" + ep.scheme + "' in " + url + " (expected http)";
-    return false;
-  }
+  const std::string default_port = ep.scheme == "https" ? "443" : "80";
   std::string rest = url.substr(sep + 3);
   auto slash = rest.find('/');
   std::string hostport = rest.substr(0, slash);
@@ -78,11 +102,11 @@ bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error
       return false;
     }
     ep.host = hostport.substr(1, close - 1);
-    ep.port = close + 1 < hostport.size() && hostport[close + 1] == ':' ? hostport.substr(close + 2) : "80";
+    ep.port = close + 1 < hostport.size() && hostport[close + 1] == ':' ? hostport.substr(close + 2) : default_port;
   } else {
     auto colon = hostport.rfind(':');
     ep.host = hostport.substr(0, colon);
-    ep.port = colon == std::string::npos ? "80" : hostport.substr(colon + 1);
+    ep.port = colon == std::string::npos ? default_port : hostport.substr(colon + 1);
   }
   if (ep.port.empty() || ep.port.find_first_not_of("0123456789") != std::string::npos) {
     error = "bad port in " + url;
@@ -104,18 +128,19 @@ std::string HttpResult::message() const {
 // HttpClient
 
 struct HttpClient::Conn {
+  explicit Conn(std::shared_ptr<ssl::context> tls) : stream(std::move(tls), ioc) {}
   net::io_context ioc{1};
-  beast::tcp_stream stream{ioc};
+  tls::Stream stream;  // TCP, or TLS over TCP
   beast::flat_buffer buffer;
   bool connected = false;
 };
 
-HttpClient::HttpClient(Endpoint ep) : ep_(std::move(ep)) {}
+HttpClient::HttpClient(Endpoint ep) : ep_(std::move(ep)) { tls_ = tls::client_context(ep_, tls_error_); }
 HttpClient::~HttpClient() = default;
 
 std::unique_ptr<HttpClient::Conn> HttpClient::take() {
   std::lock_guard lk(mu_);
-  if (idle_.empty()) return std::make_unique<Conn>();
+  if (idle_.empty()) return std::make_unique<Conn>(tls_);
   auto c = std::move(idle_.back());
   idle_.pop_back();
   return c;
@@ -129,6 +154,10 @@ void HttpClient::give_back(std::unique_ptr<Conn> c) {
 HttpResult HttpClient::request(const std::string& method, const std::string& path, const json* body,
                                std::chrono::milliseconds timeout) {
   HttpResult out;
+  if (!tls_error_.empty()) {
+    out.error = tls_error_;
+    return out;
+  }
   http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
   req.set(http::field::host, ep_.host + ":" + ep_.port);
   req.set(http::field::user_agent, user_agent());
@@ -148,35 +177,34 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxResponseBytes);
     c->ioc.restart();
+    std::string tls_error;
     auto do_exchange = [&] {
-      c->stream.expires_after(timeout + std::chrono::seconds(5));
-      http::async_write(c->stream, req, [&](beast::error_code wec, std::size_t) {
-        if (wec) {
-          ec = wec;
-          return;
-        }
-        http::async_read(c->stream, c->buffer, parser, [&](beast::error_code rec, std::size_t n) {
-          ec = rec;
-          response_bytes = n;
+      c->stream.tcp().expires_after(timeout + std::chrono::seconds(5));
+      c->stream.visit([&](auto& s) {
+        http::async_write(s, req, [&, ps = &s](beast::error_code wec, std::size_t) {
+          if (wec) {
+            ec = wec;
+            return;
+          }
+          http::async_read(*ps, c->buffer, parser, [&](beast::error_code rec, std::size_t n) {
+            ec = rec;
+            response_bytes = n;
+          });
         });
       });
     };
     tcp::resolver resolver(c->ioc);  // outlives run(): destroying it would cancel the resolve
     if (!c->connected) {
-      resolver.async_resolve(ep_.host, ep_.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
-        if (rec) {
-          ec = rec;
-          return;
-        }
-        c->stream.expires_after(kConnectTimeout);
-        c->stream.async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
-          if (cec) {
-            ec = cec;
+      c->stream.visit([&](auto& s) {
+        async_open(s, resolver, ep_, kConnectTimeout, [&](beast::error_code oec, std::string terr) {
+          if (oec) {
+            ec = oec;
+            tls_error = std::move(terr);
             return;
           }
           c->connected = true;
           beast::error_code ignored;
-          c->stream.socket().set_option(tcp::no_delay(true), ignored);
+          c->stream.tcp().socket().set_option(tcp::no_delay(true), ignored);
           do_exchange();
         });
       });
@@ -196,11 +224,13 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     // fresh one (the request was not processed).
     if (reused && response_bytes == 0 &&
         (ec == http::error::end_of_stream || ec == net::error::connection_reset || ec == net::error::broken_pipe ||
-         ec == net::error::eof) &&
+         ec == net::error::eof || ec == ssl::error::stream_truncated) &&
         attempt == 0)
       continue;
     out.status = 0;
-    if (ec == beast::error::timeout)
+    if (!tls_error.empty())
+      out.error = tls_error;
+    else if (ec == beast::error::timeout)
       out.error = "no answer from " + ep_.url + " within " + std::to_string(timeout.count() / 1000) + " s";
     else if (ec == net::error::connection_refused)
       out.error = "connection refused by " + ep_.url + " (is the gateway running?)";
@@ -234,21 +264,30 @@ void AgentLink::stop() {
 }
 
 void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
+  std::string tls_error;
+  auto tls_ctx = tls::client_context(ep, tls_error);
+  if (!tls_error.empty()) {
+    spdlog::warn("agent link to {}: {}", ep.url, tls_error);
+    return;
+  }
   auto backoff = std::chrono::milliseconds(200);
   while (!stopping_) {
     net::io_context ioc{1};
-    websocket::stream<beast::tcp_stream> ws(ioc);
+    tls::Websocket wsock(tls_ctx, ioc);
     beast::flat_buffer buf;
     tcp::resolver resolver(ioc);
     std::string target = ep.base + "api/kgate/agent?agent=" + percent_encode(agent) + "&label=" + percent_encode(label);
     beast::error_code ec;
+    tls_error.clear();
     bool up = false;
-    std::function<void()> read;  // lives as long as the loop runs its reads
-    resolver.async_resolve(ep.host, ep.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
-      if (rec) return void(ec = rec);
-      beast::get_lowest_layer(ws).expires_after(kConnectTimeout);
-      beast::get_lowest_layer(ws).async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
-        if (cec) return void(ec = cec);
+    wsock.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+      std::function<void()> read;  // lives as long as the loop runs its reads
+      async_open(ws.next_layer(), resolver, ep, kConnectTimeout, [&](beast::error_code oec, std::string terr) {
+        if (oec) {
+          ec = oec;
+          tls_error = std::move(terr);
+          return;
+        }
         ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
           r.set(http::field::user_agent, user_agent());
           if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
@@ -277,15 +316,13 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
           read();
         });
       });
-    });
-    ioc.run();
-    {
+      ioc.run();
       std::lock_guard lk(mu_);
       close_ = nullptr;
-    }
+    });
     connected_ = false;
     if (stopping_) break;
-    if (!up) spdlog::debug("agent link to {}: {}", ep.url, ec.message());
+    if (!up) spdlog::debug("agent link to {}: {}", ep.url, tls_error.empty() ? ec.message() : tls_error);
     else spdlog::info("agent link to {} dropped ({}); reconnecting", ep.url, ec.message());
     std::unique_lock lk(mu_);
     cv_.wait_for(lk, backoff, [this] { return stopping_.load(); });
@@ -297,8 +334,9 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
 // KernelChannel
 
 struct KernelChannel::Impl {
+  explicit Impl(std::shared_ptr<ssl::context> tls) : ws(std::move(tls), ioc) {}
   net::io_context ioc{1};
-  websocket::stream<beast::tcp_stream> ws{ioc};
+  tls::Websocket ws;  // over TCP, or over TLS
   beast::flat_buffer buf;
   std::deque<std::string> outq;
   bool writing = false;
@@ -309,34 +347,42 @@ KernelChannel::~KernelChannel() { close(); }
 bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const std::string& session,
                          std::chrono::milliseconds timeout, std::string& error) {
   close();
-  impl_ = std::make_shared<Impl>();
+  std::string tls_error;
+  auto tls_ctx = tls::client_context(ep, tls_error);
+  if (!tls_error.empty()) {
+    error = "cannot open the kernel's websocket: " + tls_error;
+    return false;
+  }
+  impl_ = std::make_shared<Impl>(tls_ctx);
   kernel_ = kernel;
   auto impl = impl_;
   std::string target = ep.base + "api/kernels/" + kernel + "/channels?session_id=" + percent_encode(session);
   beast::error_code ec;
   bool up = false;
   tcp::resolver resolver(impl->ioc);
-  resolver.async_resolve(ep.host, ep.port, [&](beast::error_code rec, tcp::resolver::results_type results) {
-    if (rec) return void(ec = rec);
-    beast::get_lowest_layer(impl->ws).expires_after(timeout);
-    beast::get_lowest_layer(impl->ws).async_connect(results, [&](beast::error_code cec, const tcp::endpoint&) {
-      if (cec) return void(ec = cec);
-      impl->ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
+  impl->ws.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+    async_open(ws.next_layer(), resolver, ep, timeout, [&](beast::error_code oec, std::string terr) {
+      if (oec) {
+        ec = oec;
+        tls_error = std::move(terr);
+        return;
+      }
+      ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
         r.set(http::field::user_agent, user_agent());
         if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
       }));
-      impl->ws.read_message_max(kMaxWsMessageBytes);
-      impl->ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
+      ws.read_message_max(kMaxWsMessageBytes);
+      ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
         if (hec) return void(ec = hec);
-        beast::get_lowest_layer(impl->ws).expires_never();
-        impl->ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
+        beast::get_lowest_layer(ws).expires_never();
+        ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
         up = true;
       });
     });
+    impl->ioc.run();
   });
-  impl->ioc.run();
   if (!up) {
-    error = "cannot open the kernel's websocket: " + ec.message();
+    error = "cannot open the kernel's websocket: " + (tls_error.empty() ? ec.message() : tls_error);
     impl_.reset();
     return false;
   }
@@ -348,21 +394,23 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
 
 void KernelChannel::reader() {
   auto impl = impl_;
-  std::function<void()> read;
-  read = [&] {
-    impl->ws.async_read(impl->buf, [&](beast::error_code ec, std::size_t) {
-      if (ec) {
-        open_ = false;
-        cv_.notify_all();
-        return;
-      }
-      if (impl->ws.got_text()) on_message(beast::buffers_to_string(impl->buf.data()));
-      impl->buf.consume(impl->buf.size());
-      read();
-    });
-  };
-  read();
-  impl->ioc.run();
+  impl->ws.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+    std::function<void()> read;
+    read = [&] {
+      ws.async_read(impl->buf, [&](beast::error_code ec, std::size_t) {
+        if (ec) {
+          open_ = false;
+          cv_.notify_all();
+          return;
+        }
+        if (ws.got_text()) on_message(beast::buffers_to_string(impl->buf.data()));
+        impl->buf.consume(impl->buf.size());
+        read();
+      });
+    };
+    read();
+    impl->ioc.run();
+  });
   open_ = false;
   cv_.notify_all();
 }
@@ -371,7 +419,9 @@ void KernelChannel::close() {
   if (!impl_) return;
   auto impl = impl_;
   net::post(impl->ioc, [impl] {
-    impl->ws.async_close(websocket::close_code::normal, [impl](beast::error_code) { impl->ioc.stop(); });
+    impl->ws.visit([&](auto& ws) {
+      ws.async_close(websocket::close_code::normal, [impl](beast::error_code) { impl->ioc.stop(); });
+    });
   });
   if (thread_.joinable()) {
     // A peer that never answers the close: stop the loop after a second.
@@ -405,15 +455,17 @@ bool KernelChannel::send(const std::string& channel, const json& msg) {
         return;
       }
       impl->writing = true;
-      impl->ws.text(true);
-      impl->ws.async_write(net::buffer(impl->outq.front()), [impl, write_next](beast::error_code ec, std::size_t) {
-        impl->outq.pop_front();
-        if (ec) {
-          impl->outq.clear();
-          impl->writing = false;
-          return;
-        }
-        (*write_next)();
+      impl->ws.visit([&](auto& ws) {
+        ws.text(true);
+        ws.async_write(net::buffer(impl->outq.front()), [impl, write_next](beast::error_code ec, std::size_t) {
+          impl->outq.pop_front();
+          if (ec) {
+            impl->outq.clear();
+            impl->writing = false;
+            return;
+          }
+          (*write_next)();
+        });
       });
     };
     (*write_next)();

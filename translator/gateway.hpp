@@ -1,6 +1,8 @@
 // kgate-mcp's side of a gateway: HTTP calls (kgate or any Jupyter server), the agent's liveness
 // websocket, and a kernel's channels websocket (for the outputs records do not keep: images).
 //
+// All three speak TLS (tls.hpp) when the endpoint is https.
+//
 // Threading: HttpClient is thread-safe (each call runs its own I/O on the calling thread, over
 // a pooled keep-alive connection).  AgentLink and KernelChannel each own one background thread
 // with its own io_context.
@@ -22,23 +24,29 @@
 #include "kgate/wire.hpp"
 #include "render.hpp"
 
+namespace boost::asio::ssl {
+class context;
+}
+
 namespace kgate::mcp {
 
 // A gateway, resolved from `connect(host=...)` and gateways.toml.  The token is never logged.
 struct Endpoint {
   std::string name;     // "" for the default gateway, else the gateways.toml name or the URL
   std::string url;      // as configured
-  std::string scheme;   // "http" (https: issue 6)
+  std::string scheme;   // "http" or "https" (TLS, and wss:// for the websockets)
   std::string host;
   std::string port;
   std::string base;     // the base path, ends with '/'
   std::string token;
-  bool verify = true;
+  bool verify = true;   // https: check the certificate and the host name
+  std::string ca_file;  // https: trust this PEM bundle instead of the system store ("" = system)
   bool is_default = false;
   std::string display() const { return url; }
 };
 
-// Parses http://host[:port][/base]; false and `error` set if it is not such a URL.
+// Parses http://host[:port][/base] (port 80) or https://host[:port][/base] (port 443); false
+// and `error` set if it is not such a URL.
 bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error);
 
 struct HttpResult {
@@ -75,6 +83,8 @@ class HttpClient {
   void give_back(std::unique_ptr<Conn> c);
 
   Endpoint ep_;
+  std::shared_ptr<boost::asio::ssl::context> tls_;  // https only
+  std::string tls_error_;                           // the context could not be made (ca_file)
   std::mutex mu_;
   std::vector<std::unique_ptr<Conn>> idle_;
 };

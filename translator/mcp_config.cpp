@@ -1,6 +1,7 @@
 // kgate-mcp's configuration (see mcp_config.hpp).
 #include "mcp_config.hpp"
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -22,6 +23,26 @@ std::filesystem::path config_dir() {
 std::string env_or(const char* name, std::string fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
+}
+
+// $KGATE_TLS_VERIFY: 0/false/no/off turn the checks off; anything else keeps them on.
+bool tls_verify_from_env() {
+  std::string v = env_or("KGATE_TLS_VERIFY", "1");
+  for (auto& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  if (v != "1" && v != "true" && v != "yes" && v != "on")
+    spdlog::warn("KGATE_TLS_VERIFY={} is not 0 or 1: certificates are checked", v);
+  return true;
+}
+
+std::string config_path(const Config& cfg, const std::string& path) {
+  if (path.empty()) return path;
+  if (path.rfind("~/", 0) == 0) {
+    const char* home = std::getenv("HOME");
+    return (std::filesystem::path(home ? home : "/") / path.substr(2)).string();
+  }
+  std::filesystem::path p(path);
+  return p.is_absolute() ? path : (cfg.dir / p).string();
 }
 
 }  // namespace
@@ -55,8 +76,12 @@ void parse_gateways(const std::string& text, const std::string& source, Config& 
         } else if (field == "verify") {
           if (!v.is_boolean()) throw std::runtime_error(where + " must be true or false");
           e.verify = *v.value<bool>();
+        } else if (field == "ca_file") {
+          if (!v.is_string() || v.value<std::string>()->empty())
+            throw std::runtime_error(where + " must be the path of a PEM file");
+          e.ca_file = *v.value<std::string>();
         } else {
-          throw std::runtime_error(where + ": unknown key (expected url, token, token_env, verify)");
+          throw std::runtime_error(where + ": unknown key (expected url, token, token_env, verify, ca_file)");
         }
       }
       if (e.url.empty()) throw std::runtime_error(source + ": gateways." + n + " has no url");
@@ -72,6 +97,8 @@ Config load_config() {
   cfg.dir = config_dir();
   cfg.default_url = env_or("KGATE_URL", cfg.default_url);
   cfg.default_token = env_or("KGATE_TOKEN", "");
+  cfg.default_ca_file = env_or("KGATE_CA_FILE", "");
+  cfg.default_verify = tls_verify_from_env();
   std::ifstream in(cfg.gateways_file());
   if (in) {
     std::stringstream ss;
@@ -92,11 +119,15 @@ bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, s
     ep.name = "";
     ep.is_default = true;
     ep.token = cfg.default_token;
+    ep.verify = cfg.default_verify;
+    ep.ca_file = cfg.default_ca_file;
     return parse_endpoint_url(cfg.default_url, ep, error);
   }
   if (host.find("://") != std::string::npos) {
     ep.name = host;
     ep.token = cfg.default_token;
+    ep.verify = cfg.default_verify;
+    ep.ca_file = cfg.default_ca_file;
     return parse_endpoint_url(host, ep, error);
   }
   if (!cfg.gateways_error.empty()) {
@@ -111,6 +142,7 @@ bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, s
   const auto& g = it->second;
   ep.name = host;
   ep.verify = g.verify;
+  ep.ca_file = config_path(cfg, g.ca_file);
   ep.token = g.token;
   if (!g.token_env.empty()) {
     const char* v = std::getenv(g.token_env.c_str());

@@ -116,9 +116,9 @@ bool speaks_tls(const Endpoint& ep) {
 }
 
 std::string tls_message(const Endpoint& ep) {
-  return "the server at " + ep.url +
-         " speaks TLS (it is an https server): https gateways are not supported yet; reach it over plain "
-         "http (on loopback, or through an SSH tunnel)";
+  std::string https = ep.url;
+  https.replace(0, https.find("://"), "https");
+  return "the server at " + ep.url + " speaks TLS (it is an https server): use " + https;
 }
 
 // Transport failures (no HTTP answer) as one clear sentence naming the URL.  `maybe_tls` is set
@@ -129,6 +129,7 @@ std::string transport_message(const Endpoint& ep, const std::string& error, doub
   if (starts_with(error, "connection refused"))
     return "cannot reach " + ep.url + ": connection refused (is the gateway running, on that port?)";
   std::string what = starts_with(error, ep.url + ": ") ? error.substr(ep.url.size() + 2) : error;
+  if (starts_with(what, "TLS: ")) return "cannot reach " + ep.url + ": " + what;  // names the failure itself
   if (contains(what, "Host not found") || contains(what, "not known") || contains(what, "resolve"))
     return "cannot reach " + ep.url + ": the name '" + ep.host + "' does not resolve (" + what + ")";
   if (contains(what, "unreachable") || contains(what, "No route"))
@@ -389,7 +390,7 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
     }
   }
 
-  if (probe_tls && speaks_tls(ep))
+  if (probe_tls && ep.scheme == "http" && speaks_tls(ep))
     for (auto& e : l.errors)
       if (e.status == 0) e.message = tls_message(ep);
   return l;

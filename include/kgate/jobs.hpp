@@ -23,7 +23,7 @@
 namespace kgate {
 
 enum class JobOrigin { mcp, user, host };
-enum class JobStatus { running, ok, error, interrupted, aborted, kernel_lost, end_not_recorded };
+enum class JobStatus { running, ok, error, interrupted, aborted, kernel_lost, end_not_recorded, culled };
 std::string_view origin_name(JobOrigin o) noexcept;
 std::string_view status_name(JobStatus s) noexcept;
 
@@ -225,7 +225,8 @@ class JobStore final : public KernelObserver {
   void end_locked(Job& j, JobStatus status, std::string note = {});
   void close_earlier_locked(const Job& j, Clock::time_point since);
   void finished_locked(Job& j);  // bookkeeping of a job that stopped running
-  void lose_running_locked(const std::string& kernel, const std::string& why);
+  // Ends every running job of `kernel` as `status` (kernel_lost, or culled) with `note`.
+  void lose_running_locked(const std::string& kernel, JobStatus status, const std::string& note);
   void add_bytes(std::size_t before, const Job& j);
   void enforce_locked();
   void changed_locked() { ++version_; changed_ = true; }

@@ -59,6 +59,7 @@ using KernelPtr = std::shared_ptr<Kernel>;
 enum class KernelLifecycle {
   restarting,  // a restart began: the old process is going (or already gone)
   died,        // the process exited on its own, or a restart failed
+  culled,      // kgate culls it for idleness (KernelManager::cull): it is being shut down
 };
 
 // Receives everything kernels send.  Called on the I/O thread only: implementations must
@@ -87,6 +88,7 @@ struct KernelModel {
 // thread, O(1), no ZMQ round trip) and holds shared pointers to it.
 class Kernel {
  public:
+  using Clock = std::chrono::steady_clock;
   Kernel(std::string id, KernelSpec spec) : id_(std::move(id)), spec_(std::move(spec)) {}
   Kernel(const Kernel&) = delete;
   Kernel& operator=(const Kernel&) = delete;
@@ -102,11 +104,21 @@ class Kernel {
   int pid() const;
   // The gateway counts websocket connections here.
   void add_connection(int delta) { connections_.fetch_add(delta); }
+  int connections() const { return connections_.load(); }
+  // Since when the kernel exists, and how long since its last activity (a message from the
+  // kernel on iopub, or a client's message sent to it): what idle culling measures.
+  Clock::time_point created_at() const noexcept { return created_; }
+  Clock::duration idle_for() const;
+  // The per-kernel idle timeout asked for at create time (POST /api/kernels
+  // "kgate_cull_idle_timeout"): nullopt = the gateway's, 0 = never culled.  Fixed at start.
+  const std::optional<std::chrono::milliseconds>& cull_idle_timeout() const noexcept { return cull_idle_timeout_; }
 
   // Written by the I/O thread only.
   void set_state(std::string state, std::string reason = {});
   void touch();  // last_activity = now
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
+  // Before the kernel is shared (KernelManager::start).
+  void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t) { cull_idle_timeout_ = t; }
 
  private:
 
@@ -116,6 +128,9 @@ class Kernel {
   std::string state_ = "starting";
   std::string reason_;
   std::string last_activity_;
+  const Clock::time_point created_ = Clock::now();
+  Clock::time_point last_touch_ = created_;
+  std::optional<std::chrono::milliseconds> cull_idle_timeout_;
   std::filesystem::path connection_file_;
   ConnectionInfo conn_;
   int pid_ = -1;
@@ -140,6 +155,17 @@ struct StartRequest {
   KernelSpec spec;                            // the kernelspec to launch, already looked up
   std::map<std::string, std::string> env;     // applied over kgate's env and the spec's env
   std::filesystem::path cwd;                  // empty = kgate's cwd
+  // Idle timeout of this kernel (overrides the gateway's): nullopt = the gateway's, 0 = never.
+  std::optional<std::chrono::milliseconds> cull_idle_timeout;
+};
+
+// What an idle cull may take, re-checked on the I/O thread when the cull happens (activity
+// may have come since the gateway's check).
+struct CullRequest {
+  std::chrono::milliseconds idle_timeout{0};  // idle for longer than this (> 0)
+  bool cull_busy = false;                     // also while execution_state is busy
+  bool cull_connected = false;                // also with websocket clients connected
+  std::string setting;  // the setting that culls it, named to clients: "cull_idle_timeout"
 };
 
 struct StartResult {
@@ -175,6 +201,13 @@ class KernelManager {
   // Sends a client's message.  Requests are tracked until their reply; a dead kernel or a
   // full table answers them with an error reply (exactly one reply per request).
   void send(const std::string& id, ClientMessage msg);
+  // Idle culling.  A ready kernel that still qualifies under `req` is culled: observers get
+  // KernelLifecycle::culled, its clients a "[kgate] kernel culled ..." stderr stream on iopub
+  // and `status: dead`, and it is shut down and removed as by shutdown() (nothing more of it
+  // reaches clients).  A dead kernel is removed (jupyter_server's culler does the same).
+  // `done(true)` when the shutdown began, `done(false)` when it no longer qualifies or is gone
+  // (may be empty).
+  void cull(const std::string& id, CullRequest req, std::function<void(bool)> done);
 
   KernelPtr get(const std::string& id) const;
   std::vector<KernelPtr> list() const;

@@ -231,6 +231,40 @@ TEST(JobStore, DeathAndRestart) {
   EXPECT_EQ(f.store->kernel_info(f.kernel->id()).restarts, 1u);
 }
 
+// Idle culling (KernelLifecycle::culled): a running job ends `culled`, the newest finished one
+// gets a note, other kernels' jobs are untouched, and the removal that follows changes nothing.
+TEST(JobStore, Culled) {
+  Fixture f;
+  const std::string why = "culled after 3 s idle (cull_idle_timeout = 2 s)";
+  f.foreign_begin("u1", "x = 1");
+  f.idle("u1");
+  ASSERT_EQ(f.job("job-1").status, JobStatus::ok);
+  auto other = make_kernel("k2");
+  f.store->on_kernel_message(other, kmsg(Channel::iopub, "execute_input", "o1", {{"code", "y = 2"}}));
+  f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::culled, why);
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::ok);  // it ended ok before the cull
+  EXPECT_EQ(j.note, "The kernel was " + why + " after this job.");
+  EXPECT_EQ(f.job("job-2").status, JobStatus::running);  // another kernel's
+
+  Fixture busy;  // cull_busy: the cell that runs is culled
+  busy.foreign_begin("u1", "x = 1");
+  busy.idle("u1");
+  busy.foreign_begin("u2", "import time; time.sleep(60)");
+  busy.store->on_kernel_lifecycle(busy.kernel, KernelLifecycle::culled, why);
+  busy.store->on_kernel_removed(busy.kernel);
+  Job run = busy.job("job-2");
+  EXPECT_EQ(run.status, JobStatus::culled);
+  EXPECT_EQ(status_name(run.status), "culled");
+  EXPECT_EQ(run.note, "The kernel was " + why + " while this job ran.");
+  EXPECT_FALSE(run.ended_at.empty());
+  EXPECT_EQ(busy.job("job-1").note, "The kernel was " + why + " after this job.");
+  EXPECT_EQ(job_json(run, false, std::chrono::steady_clock::now())["status"], "culled");
+  Digest d = busy.store->digest(busy.kernel->id());
+  ASSERT_EQ(d.jobs.size(), 2u);  // foreign jobs: the digest tells the agent
+  EXPECT_EQ(d.jobs[1].status, JobStatus::culled);
+}
+
 TEST(JobStore, TheAgentDoesNotQueue) {
   Fixture f;
   f.foreign_begin("u1", "import time; time.sleep(5)");

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "mcp_config.hpp"
 
@@ -79,9 +80,108 @@ TEST(Gateways, ResolveDefaultNameAndUrl) {
 
   EXPECT_FALSE(resolve_gateway(cfg, "nope", ep, err));
   EXPECT_NE(err.find("unknown gateway 'nope'"), std::string::npos);
-  EXPECT_FALSE(resolve_gateway(cfg, "https://x:1/", ep, err));
-  EXPECT_NE(err.find("https"), std::string::npos);
   EXPECT_FALSE(resolve_gateway(cfg, "ftp://x/", ep, err));
+  EXPECT_NE(err.find("expected http or https"), std::string::npos);
+}
+
+TEST(Gateways, HttpsUrls) {
+  Endpoint ep;
+  std::string err;
+  ASSERT_TRUE(parse_endpoint_url("https://lab.example.org", ep, err)) << err;
+  EXPECT_EQ(ep.scheme, "https");
+  EXPECT_EQ(ep.host, "lab.example.org");
+  EXPECT_EQ(ep.port, "443");
+  EXPECT_EQ(ep.base, "/");
+  ASSERT_TRUE(parse_endpoint_url("HTTPS://lab:8443/jupyter", ep, err)) << err;
+  EXPECT_EQ(ep.scheme, "https");
+  EXPECT_EQ(ep.port, "8443");
+  EXPECT_EQ(ep.base, "/jupyter/");
+  ASSERT_TRUE(parse_endpoint_url("https://[::1]/x/", ep, err)) << err;
+  EXPECT_EQ(ep.host, "::1");
+  EXPECT_EQ(ep.port, "443");
+  ASSERT_TRUE(parse_endpoint_url("http://lab", ep, err)) << err;
+  EXPECT_EQ(ep.port, "80");
+  EXPECT_FALSE(parse_endpoint_url("https://lab:44x/", ep, err));
+  EXPECT_NE(err.find("bad port"), std::string::npos);
+  EXPECT_FALSE(parse_endpoint_url("https:///base", ep, err));
+  EXPECT_NE(err.find("no host"), std::string::npos);
+}
+
+TEST(Gateways, TlsSettings) {
+  Config cfg = parsed(R"(
+[gateways.lab]
+url = "https://lab.example.org"
+token = "t"
+ca_file = "/etc/lab/ca.pem"
+[gateways.rel]
+url = "https://rel:8443/"
+ca_file = "certs/rel.pem"
+[gateways.self]
+url = "https://self:8443/"
+verify = false
+)");
+  EXPECT_EQ(cfg.gateways["lab"].ca_file, "/etc/lab/ca.pem");
+  EXPECT_TRUE(cfg.gateways["lab"].verify);
+  EXPECT_FALSE(cfg.gateways["self"].verify);
+  EXPECT_EQ(cfg.gateways["self"].ca_file, "");
+  Endpoint ep;
+  std::string err;
+  ASSERT_TRUE(resolve_gateway(cfg, "lab", ep, err)) << err;
+  EXPECT_EQ(ep.scheme, "https");
+  EXPECT_EQ(ep.port, "443");
+  EXPECT_EQ(ep.ca_file, "/etc/lab/ca.pem");
+  EXPECT_TRUE(ep.verify);
+  ASSERT_TRUE(resolve_gateway(cfg, "rel", ep, err)) << err;
+  EXPECT_EQ(ep.ca_file, "/nonexistent/kgate/certs/rel.pem");  // relative to the config dir
+  ASSERT_TRUE(resolve_gateway(cfg, "self", ep, err)) << err;
+  EXPECT_FALSE(ep.verify);
+
+  // The default gateway and URL hosts take the environment's settings.
+  cfg.default_url = "https://gw.example.org:8787/";
+  cfg.default_ca_file = "/tmp/ca.pem";
+  cfg.default_verify = false;
+  ASSERT_TRUE(resolve_gateway(cfg, "", ep, err)) << err;
+  EXPECT_EQ(ep.port, "8787");
+  EXPECT_EQ(ep.ca_file, "/tmp/ca.pem");
+  EXPECT_FALSE(ep.verify);
+  ASSERT_TRUE(resolve_gateway(cfg, "https://other", ep, err)) << err;
+  EXPECT_EQ(ep.port, "443");
+  EXPECT_EQ(ep.ca_file, "/tmp/ca.pem");
+  EXPECT_FALSE(ep.verify);
+}
+
+TEST(Gateways, BadTlsValues) {
+  EXPECT_NE(parse_error("[gateways.x]\nurl = \"https://a\"\nca_file = 1\n").find("gateways.x.ca_file must be the path"),
+            std::string::npos);
+  EXPECT_NE(parse_error("[gateways.x]\nurl = \"https://a\"\nca_file = \"\"\n").find("ca_file must be the path"),
+            std::string::npos);
+  EXPECT_NE(parse_error("[gateways.x]\nurl = \"https://a\"\nverify = \"no\"\n").find("must be true or false"),
+            std::string::npos);
+  EXPECT_NE(parse_error("[gateways.x]\nurl = \"https://a\"\ncafile = \"a\"\n").find("ca_file)"), std::string::npos);
+}
+
+TEST(Gateways, TlsEnvironment) {
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  std::string saved_xdg = xdg ? xdg : "";
+  ::setenv("XDG_CONFIG_HOME", "/nonexistent-kgate-test", 1);
+  ::setenv("KGATE_CA_FILE", "/etc/ca.pem", 1);
+  for (const char* off : {"0", "false", "NO", "off"}) {
+    ::setenv("KGATE_TLS_VERIFY", off, 1);
+    Config cfg = load_config();
+    EXPECT_FALSE(cfg.default_verify) << off;
+    EXPECT_EQ(cfg.default_ca_file, "/etc/ca.pem");
+  }
+  for (const char* on : {"1", "true", "maybe"}) {  // anything else keeps the checks on
+    ::setenv("KGATE_TLS_VERIFY", on, 1);
+    EXPECT_TRUE(load_config().default_verify) << on;
+  }
+  ::unsetenv("KGATE_TLS_VERIFY");
+  ::unsetenv("KGATE_CA_FILE");
+  Config cfg = load_config();
+  EXPECT_TRUE(cfg.default_verify);
+  EXPECT_EQ(cfg.default_ca_file, "");
+  if (xdg) ::setenv("XDG_CONFIG_HOME", saved_xdg.c_str(), 1);
+  else ::unsetenv("XDG_CONFIG_HOME");
 }
 
 TEST(Gateways, TokenFromTheEnvironment) {
