@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
@@ -197,6 +198,16 @@ bool parse_kernel(const json& k, RemoteKernel& out) {
   return true;
 }
 
+// 42 s, 3 min, 2.5 h, 3 d: a duration for the table.
+std::string duration_text(double s) {
+  char buf[32];
+  if (s < 120) std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s < 7200) std::snprintf(buf, sizeof buf, "%.0f min", s / 60);
+  else if (s < 172800) std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  else std::snprintf(buf, sizeof buf, "%.0f d", s / 86400);
+  return buf;
+}
+
 std::string short_time(const std::string& iso) {
   // 2024-05-01T10:00:00.123456Z -> 2024-05-01T10:00:00Z
   if (iso.size() > 19 && iso[10] == 'T' && iso[19] == '.') return iso.substr(0, 19) + "Z";
@@ -361,6 +372,13 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
       if (it == ext.end()) continue;
       k.claim = it->second.contains("claim") && it->second["claim"].is_object() ? it->second["claim"] : json(nullptr);
       k.running_job = str(it->second, "running_job");
+      auto secs = [&](const char* key) {
+        auto v = it->second.find(key);
+        return v != it->second.end() && v->is_number() ? v->get<double>() : -1.0;
+      };
+      k.age_seconds = secs("age_seconds");
+      k.idle_seconds = secs("idle_seconds");
+      k.cull_after_seconds = secs("cull_after_seconds");
     }
   }
 
@@ -430,6 +448,9 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
           add("held by " + who + (alive ? "" : " (gone)"));
         }
         if (!k.running_job.empty()) add("running " + k.running_job);
+        if (k.age_seconds >= 0) add("age " + duration_text(k.age_seconds));
+        if (k.idle_seconds >= 0) add("idle " + duration_text(k.idle_seconds));
+        if (k.cull_after_seconds >= 0) add("culled after " + duration_text(k.cull_after_seconds) + " idle");
         auto it = by_kernel.find(k.id);
         if (it != by_kernel.end())
           for (auto* s : it->second) add("session " + (s->path.empty() ? s->name : s->path));
@@ -467,6 +488,10 @@ json render_json(const RemoteListing& l) {
     if (l.kgate) {
       j["claim"] = k.claim.is_object() ? k.claim : json(nullptr);
       j["running_job"] = k.running_job.empty() ? json(nullptr) : json(k.running_job);
+      auto secs = [](double v) { return v >= 0 ? json(v) : json(nullptr); };
+      j["age_seconds"] = secs(k.age_seconds);
+      j["idle_seconds"] = secs(k.idle_seconds);
+      j["cull_after_seconds"] = secs(k.cull_after_seconds);
     }
     json paths = json::array();
     for (auto& s : l.sessions)

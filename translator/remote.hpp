@@ -31,6 +31,9 @@ struct RemoteKernel {
   // From kgate's GET api/kgate/kernels (only when `RemoteListing::kgate`):
   json claim;                   // {"agent", "label", "alive"} or null
   std::string running_job;      // "" when none
+  double age_seconds = -1;      // since it started; -1 when the server does not say
+  double idle_seconds = -1;     // since its last activity
+  double cull_after_seconds = -1;  // the idle timeout in force; -1: none (or not said)
 };
 
 struct RemoteSession {

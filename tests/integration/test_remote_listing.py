@@ -9,6 +9,7 @@ never printed.
 """
 
 import json
+import re
 import os
 import shutil
 import socket
@@ -102,6 +103,7 @@ def test_second_kgate_by_name(kgate_bin, config_home, gw2, gw2_kernel):
     assert "kernelspecs (default: python3):" in out and DISPLAY_NAME in out, out
     line = next((l for l in out.splitlines() if gw2_kernel in l), None)
     assert line and "python3" in line and "idle" in line and "connections=" in line, out
+    assert re.search(r"age \d+ s", line) and re.search(r"idle \d+ s", line), line  # kgate's extension model
     assert "sessions: this server keeps none" in out, out
     assert err == "", err
 
@@ -117,6 +119,7 @@ def test_second_kgate_json(kgate_bin, config_home, gw2, gw2_kernel):
     k = next(k for k in j["kernels"] if k["id"] == gw2_kernel)
     assert k["name"] == "python3" and k["execution_state"] in ("idle", "busy") and isinstance(k["connections"], int), k
     assert "claim" in k and "running_job" in k and k["last_activity"], k
+    assert k["age_seconds"] >= 0 and k["idle_seconds"] >= 0 and k["cull_after_seconds"] is None, k
 
 
 def test_second_kgate_by_url_with_kgate_token(kgate_bin, config_home, gw2, gw2_kernel):
