@@ -37,7 +37,13 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 int print_kernelspecs(bool as_json) {
   DiscoveryOptions opts;
   InterpreterProber prober;
-  Catalog cat = discover(opts, prober);
+  Catalog cat;
+  try {
+    cat = discover(opts, prober);
+  } catch (const std::exception& e) {
+    std::cerr << "kgate: kernel discovery failed: " << e.what() << "\n";
+    return 1;
+  }
   for (auto& w : cat.warnings) std::cerr << "kgate: kernelspec skipped: " << w << "\n";
   if (as_json) {
     std::cout << catalog_json(cat).dump(1) << "\n";

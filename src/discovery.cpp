@@ -202,8 +202,9 @@ class Builder {
     }
     fs::path exe(argv0);
     if (::access(exe.c_str(), X_OK) != 0) {
+      std::error_code ec;
       e.launchable = false;
-      e.reason = "argv[0] " + argv0 + (std::filesystem::exists(exe) ? " is not executable" : " does not exist");
+      e.reason = "argv[0] " + argv0 + (fs::exists(exe, ec) ? " is not executable" : " does not exist");
       return;
     }
     // Only an argv[0] named like a Python is probed: a wrapper (a shell script, a launcher) is
