@@ -39,24 +39,10 @@ void handle_kgate_kernelspecs(Server& server, const Request& req, const std::vec
     });
   }
   // A rediscovery now: answer when its catalog is out, or at kRefreshWait with the newest one.
-  struct Pending {
-    explicit Pending(net::io_context& io) : timer(io) {}
-    net::steady_timer timer;
-    bool done = false;
-  };
-  auto p = std::make_shared<Pending>(server.ioc());
-  auto finish = [&server, p, fake, respond] {
-    if (p->done) return;
-    p->done = true;
-    p->timer.cancel();
-    respond(catalog_response(server, fake, *server.discovery().snapshot()));
-  };
-  p->timer.expires_after(kRefreshWait);
-  p->timer.async_wait([finish](beast::error_code ec) {
-    if (ec != net::error::operation_aborted) finish();
-  });
-  auto gen = server.discovery().refresh();
-  server.discovery().when_generation(gen, [&server, finish] { net::post(server.ioc(), finish); });
+  server.when_catalog(server.discovery().refresh(), kRefreshWait,
+                      [&server, fake, respond](std::shared_ptr<const Catalog> cat) {
+                        respond(catalog_response(server, fake, *cat));
+                      });
 }
 
 }  // namespace kgate::gw

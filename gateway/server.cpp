@@ -156,8 +156,13 @@ void Server::do_accept() {
 void Server::with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name) {
   auto cat = discovery_.full_snapshot();
   if (cat && (name.empty() || cat->find(name))) return fn(std::move(cat));
-  // The first discovery is still running, or the name is not in the catalog yet: answer when a
-  // (new) discovery is out, or at the bound with what is known by then, whichever comes first.
+  // The first discovery is still running, or the name is not in the catalog yet: wait for a
+  // (new) discovery, within the bound.
+  when_catalog(cat ? discovery_.refresh() : DiscoveryService::kFirstFull, opts_.discovery.request_wait, std::move(fn));
+}
+
+void Server::when_catalog(std::uint64_t gen, std::chrono::milliseconds bound,
+                          std::function<void(std::shared_ptr<const Catalog>)> fn) {
   struct Pending {
     explicit Pending(net::io_context& io) : timer(io) {}
     net::steady_timer timer;
@@ -166,17 +171,16 @@ void Server::with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn
   };
   auto p = std::make_shared<Pending>(ioc_);
   p->fn = std::move(fn);
-  auto finish = [this, p] {
+  auto finish = [this, p] {  // on the Asio thread, whichever comes first: the catalog or the bound
     if (p->done) return;
     p->done = true;
     p->timer.cancel();
     p->fn(discovery_.snapshot());
   };
-  p->timer.expires_after(opts_.discovery.request_wait);
+  p->timer.expires_after(bound);
   p->timer.async_wait([finish](beast::error_code ec) {
     if (ec != net::error::operation_aborted) finish();
   });
-  auto gen = cat ? discovery_.refresh() : DiscoveryService::kFirstFull;
   discovery_.when_generation(gen, [this, finish] { net::post(ioc_, finish); });
 }
 

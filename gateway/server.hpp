@@ -46,6 +46,10 @@ class Server {
   // With `name`: a catalog without that entry is not taken as final; a rediscovery runs first
   // (bounded the same way), so a kernelspec installed a moment ago is found.
   void with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name = "");
+  // Calls `fn` on the Asio thread with the newest catalog once discovery generation `gen` is out
+  // (at once if it is), or after `bound` with what there is by then.
+  void when_catalog(std::uint64_t gen, std::chrono::milliseconds bound,
+                    std::function<void(std::shared_ptr<const Catalog>)> fn);
   DiscoveryService& discovery() { return discovery_; }
   // GET /api/kernelspecs's body for `cat` (cached per catalog; Asio thread only).
   const std::string& kernelspecs_body(const std::shared_ptr<const Catalog>& cat);
