@@ -575,6 +575,26 @@ def main():
     return 1 if R["errors"] else 0
 
 
+def finish(R, out, interrupted):
+    """The end of a bench/*.py run (discovery, mcp, records): the raw JSON at `out` (not when
+    interrupted), the totals line and R["errors"]. Returns the exit status: 130, 1 or 0."""
+    if not interrupted:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".tmp", "w") as f:
+            json.dump(R, f, indent=1)
+        os.replace(out + ".tmp", out)
+        print("\nraw results: %s" % os.path.relpath(out))
+    print("total %.0f s; load average %s at start, %s at end"
+          % (R["meta"]["seconds"], " ".join(R["meta"]["loadavg_start"]), " ".join(R["meta"]["loadavg_end"])))
+    if R["errors"]:
+        print("\nerrors:")
+        for e in R["errors"]:
+            print("  - %s: %s" % (e["step"], e["error"].replace("\n", "\n      ")))
+    if interrupted:
+        return 130
+    return 1 if R["errors"] else 0
+
+
 def versions():
     from importlib import metadata
     out = {"python": platform.python_version()}

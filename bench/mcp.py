@@ -679,18 +679,7 @@ def main():
         return 130
     R["summary"] = summarize(R)
     print_tables(R)
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT + ".tmp", "w") as f:
-        json.dump(R, f, indent=1)
-    os.replace(OUT + ".tmp", OUT)
-    print("\nraw results: %s" % os.path.relpath(OUT))
-    print("total %.0f s; load average %s at start, %s at end"
-          % (R["meta"]["seconds"], " ".join(R["meta"]["loadavg_start"]), " ".join(R["meta"]["loadavg_end"])))
-    if errors:
-        print("\nerrors:")
-        for e in errors:
-            print("  - %s: %s" % (e["step"], e["error"].replace("\n", "\n      ")))
-    return 1 if errors else 0
+    return bench.finish(R, OUT, False)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import re
-import secrets
 import shutil
 import signal
 import statistics
@@ -598,21 +597,7 @@ def main():
         print_overhead(R)
     if "memory" in R and "cells_done" in R["memory"] and "rss_max_kb" in R["memory"]:
         print_memory(R)
-    if not interrupted:
-        os.makedirs(os.path.dirname(OUT), exist_ok=True)
-        with open(OUT + ".tmp", "w") as f:
-            json.dump(R, f, indent=1)
-        os.replace(OUT + ".tmp", OUT)
-        print("\nraw results: %s" % os.path.relpath(OUT))
-    print("total %.0f s; load average %s at start, %s at end"
-          % (R["meta"]["seconds"], " ".join(R["meta"]["loadavg_start"]), " ".join(R["meta"]["loadavg_end"])))
-    if R["errors"]:
-        print("\nerrors:")
-        for e in R["errors"]:
-            print("  - %s: %s" % (e["step"], e["error"].replace("\n", "\n      ")))
-    if interrupted:
-        return 130
-    return 1 if R["errors"] else 0
+    return bench.finish(R, OUT, interrupted)
 
 
 if __name__ == "__main__":
