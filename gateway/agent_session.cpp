@@ -12,16 +12,20 @@ namespace {
 constexpr std::size_t kMaxAgentMessage = 64 << 10;  // the agent has nothing to say but pings
 }
 
-AgentSession::AgentSession(tcp::socket socket, Server& server, AgentRef agent)
-    : ws_(std::move(socket)), server_(server), agent_(std::move(agent)) {}
+AgentSession::AgentSession(Stream stream, Server& server, AgentRef agent)
+    : ws_(to_websocket(std::move(stream))), server_(server), agent_(std::move(agent)) {}
 
 void AgentSession::run(http::request<http::string_body> req) {
-  beast::get_lowest_layer(ws_).expires_never();
-  ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
-  ws_.set_option(websocket::stream_base::decorator(
-      [](websocket::response_type& res) { res.set(http::field::server, "kgate/" KGATE_VERSION); }));
-  ws_.read_message_max(kMaxAgentMessage);
-  ws_.async_accept(req, beast::bind_front_handler(&AgentSession::on_accept, shared_from_this()));
+  std::visit(
+      [&](auto& ws) {
+        beast::get_lowest_layer(ws).expires_never();
+        ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+        ws.set_option(websocket::stream_base::decorator(
+            [](websocket::response_type& res) { res.set(http::field::server, "kgate/" KGATE_VERSION); }));
+        ws.read_message_max(kMaxAgentMessage);
+        ws.async_accept(req, beast::bind_front_handler(&AgentSession::on_accept, shared_from_this()));
+      },
+      ws_);
 }
 
 void AgentSession::on_accept(beast::error_code ec) {
@@ -36,13 +40,19 @@ void AgentSession::on_accept(beast::error_code ec) {
                 {"agent", agent_.agent},
                 {"claim_grace_seconds", server_.jobs().limits().claim_grace.count() / 1000.0}}
                .dump();
-  ws_.text(true);
-  ws_.async_write(net::buffer(hello_), [self = shared_from_this()](beast::error_code, std::size_t) {});
+  std::visit(
+      [&](auto& ws) {
+        ws.text(true);
+        ws.async_write(net::buffer(hello_), [self = shared_from_this()](beast::error_code, std::size_t) {});
+      },
+      ws_);
   do_read();
 }
 
 void AgentSession::do_read() {
-  ws_.async_read(rbuf_, beast::bind_front_handler(&AgentSession::on_read, shared_from_this()));
+  std::visit(
+      [&](auto& ws) { ws.async_read(rbuf_, beast::bind_front_handler(&AgentSession::on_read, shared_from_this())); },
+      ws_);
 }
 
 void AgentSession::on_read(beast::error_code ec, std::size_t) {
@@ -51,7 +61,8 @@ void AgentSession::on_read(beast::error_code ec, std::size_t) {
     server_.jobs().touch_agent(agent_);
     return do_read();
   }
-  bool clean = ec == websocket::error::closed && ws_.reason().code == websocket::close_code::normal;
+  auto code = std::visit([](auto& ws) { return ws.reason().code; }, ws_);
+  bool clean = ec == websocket::error::closed && code == websocket::close_code::normal;
   if (connected_) {
     connected_ = false;
     server_.jobs().agent_disconnected(agent_.agent, clean);

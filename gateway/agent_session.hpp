@@ -9,7 +9,7 @@
 #include <string>
 
 #include "kgate/jobs.hpp"
-#include "net.hpp"
+#include "stream.hpp"
 
 namespace kgate::gw {
 
@@ -17,7 +17,7 @@ class Server;
 
 class AgentSession : public std::enable_shared_from_this<AgentSession> {
  public:
-  AgentSession(tcp::socket socket, Server& server, AgentRef agent);
+  AgentSession(Stream stream, Server& server, AgentRef agent);
   void run(http::request<http::string_body> req);
 
  private:
@@ -25,7 +25,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
   void do_read();
   void on_read(beast::error_code ec, std::size_t n);
 
-  websocket::stream<beast::tcp_stream> ws_;
+  Websocket ws_;  // over TCP, TLS or the Unix socket
   Server& server_;
   AgentRef agent_;
   beast::flat_buffer rbuf_;

@@ -143,6 +143,9 @@ CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base);
 
+// max_kernels refusals: a slot frees when a kernel is shut down, culled or fails to start.
+constexpr int kRetryAfterSeconds = 5;
+
 void api_kernels_post(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
   json body = json::object();
   if (!req.body().empty()) {
@@ -200,6 +203,13 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     sr.cull_idle_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1000 + 0.5));
   }
+  // max_kernels: from here on every path gives the slot back or hands it to the kernel.
+  if (auto refusal = server.admit()) {
+    auto res = json_error(req, http::status::service_unavailable, *refusal);
+    res.set(http::field::retry_after, std::to_string(kRetryAfterSeconds));
+    respond(std::move(res));
+    return;
+  }
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   std::string base = opts.base_url;
@@ -211,10 +221,12 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     const std::string want = name.empty() ? cat->default_name : name;
     const CatalogEntry* entry = cat->find(want);
     if (!entry) {
+      server.admitted("");
       respond(json_error(fake, http::status::not_found, "No such kernel named " + want));
       return;
     }
     if (!entry->launchable) {
+      server.admitted("");
       respond(json_error(fake, http::status::bad_request,
                          "Kernel spec " + entry->spec.name + " cannot be launched: " + entry->reason));
       return;
@@ -226,11 +238,12 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
 
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base) {
-  server.manager().start(std::move(sr), [&server, respond, keep_alive, version, base](StartResult r) {
+  server.pool().start(std::move(sr), [&server, respond, keep_alive, version, base](StartResult r) {
     net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, &server] {
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);
+      server.admitted(r.kernel ? r.kernel->id() : "");
       if (!r.kernel) {
         respond(json_error(fake, http::status::internal_server_error, "Kernel failed to start: " + r.error));
         return;
@@ -384,11 +397,11 @@ std::string query_param(std::string_view query, std::string_view key) {
   return "";
 }
 
-std::optional<Response> check_request(const Server& server, const Request& req) {
+std::optional<Response> check_request(const Server& server, const Request& req, const RequestContext& ctx) {
   const auto& opts = server.options();
   std::string host = host_only(req[http::field::host]);
   // DNS rebinding: a loopback server answers only to loopback names (or configured ones).
-  if (is_loopback_address(opts.ip) && !host.empty() && !is_loopback_name(host) &&
+  if ((ctx.unix_socket || is_loopback_address(opts.ip)) && !host.empty() && !is_loopback_name(host) &&
       !host_allowed(opts.allow_hosts, host)) {
     spdlog::warn("refused {} {}: Host {} is not a loopback name", std::string(req.method_string()),
                  std::string(req.target().substr(0, req.target().find('?'))), host);

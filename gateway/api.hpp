@@ -17,7 +17,8 @@ using Response = http::response<http::string_body>;
 using Respond = std::function<void(Response)>;
 
 struct RequestContext {
-  bool peer_loopback = false;  // the client connected from a loopback address
+  bool peer_loopback = false;  // the client connected from a loopback address (or the Unix socket)
+  bool unix_socket = false;    // the client connected to the Unix socket
 };
 
 // A JSON error in jupyter_server's shape: {"message": ..., "reason": ...}.
@@ -25,7 +26,8 @@ Response json_error(const Request& req, http::status status, const std::string& 
 Response json_response(const Request& req, http::status status, const std::string& body);
 
 // Checks Host, Origin and the token.  Returns an error response, or nothing when allowed.
-std::optional<Response> check_request(const Server& server, const Request& req);
+// The Host check applies on a loopback bind and on the Unix socket (both local listeners).
+std::optional<Response> check_request(const Server& server, const Request& req, const RequestContext& ctx = {});
 
 // Handles one (already checked, non-upgrade) request; calls `respond` exactly once, maybe
 // later (POST /api/kernels waits for the kernel to be ready).

@@ -68,10 +68,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   for (auto& [section_key, section_node] : tbl) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
-    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records], [discovery] or [culling])");
+    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
     if (section != "server" && section != "limits" && section != "kernel" && section != "records" &&
-        section != "discovery" && section != "culling")
-      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery] or [culling])");
+        section != "discovery" && section != "culling" && section != "pool")
+      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
     for (auto& [k, node] : *sec) {
       std::string key(k.str());
       std::string full = section + "." + key;
@@ -101,6 +101,25 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
           else if (v == "filtered") opts.env_policy = EnvPolicy::filtered;
           else r.fail(full, "must be \"auto\", \"all\" or \"filtered\"");
         } else if (key == "env_allow") opts.env_allow = r.strings(node, full);
+        else if (key == "tcp") opts.tcp = r.boolean(node, full);
+        else if (key == "unix_socket") {
+          // true: the default path; false: none; a string: that path.
+          if (node.is_boolean()) {
+            opts.unix_socket = r.boolean(node, full);
+            opts.unix_path.clear();
+          } else {
+            std::string p = r.str(node, full);
+            if (p.empty()) r.fail(full, "must be a path, or true for the default path");
+            opts.unix_socket = true;
+            opts.unix_path = p;
+          }
+        } else if (key == "unix_allow_uids") {
+          auto arr = node.as_array();
+          if (!arr) r.fail(full, "must be an array of uids (integers)");
+          opts.unix_allow_uids.clear();
+          for (auto& e : *arr) opts.unix_allow_uids.push_back(uid_t(r.integer(e, full, 0, 4294967294)));
+        } else if (key == "certfile") opts.certfile = r.str(node, full);
+        else if (key == "keyfile") opts.keyfile = r.str(node, full);
         else r.fail(full, "unknown key");
       } else if (section == "limits") {
         if (key == "max_body_bytes") opts.max_body_bytes = std::size_t(r.integer(node, full, 1024, big));
@@ -115,6 +134,7 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "max_detached_sessions") opts.max_detached_sessions = std::size_t(r.integer(node, full, 0, 1 << 20));
         else if (key == "max_pending_requests") opts.kernel.max_pending = std::size_t(r.integer(node, full, 1, big));
         else if (key == "max_held_messages") opts.kernel.max_held = std::size_t(r.integer(node, full, 0, big));
+        else if (key == "max_kernels") opts.max_kernels = std::size_t(r.integer(node, full, 0, 100000));
         // The legacy websocket format has 32-bit offsets: a message must stay under 4 GiB.
         else if (key == "max_kernel_message_bytes") opts.kernel.max_message_bytes = std::size_t(r.integer(node, full, 1024, (std::int64_t(1) << 32) - 1));
         else r.fail(full, "unknown key");
@@ -157,11 +177,27 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "cull_connected") c.connected = r.boolean(node, full);
         else if (key == "cull_busy") c.busy = r.boolean(node, full);
         else r.fail(full, "unknown key");
+      } else if (section == "pool") {
+        using Pool = GatewayOptions::Pool;
+        if (key == "size") opts.pool.size = std::size_t(r.integer(node, full, 0, Pool::kMaxPerSpec));
+        else if (key == "kernels") {
+          auto t = node.as_table();
+          if (!t) r.fail(full, "must be a table of kernelspec name = number of warm kernels");
+          opts.pool.kernels.clear();
+          for (auto& [name, n] : *t)
+            opts.pool.kernels[std::string(name.str())] =
+                std::size_t(r.integer(n, full + "." + std::string(name.str()), 0, Pool::kMaxPerSpec));
+        } else r.fail(full, "unknown key");
       } else {
-        r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery] or [culling])");
+        r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
       }
     }
   }
+  std::size_t total = opts.pool.size;
+  for (auto& [name, n] : opts.pool.kernels) total += n;
+  if (total > GatewayOptions::Pool::kMaxTotal)
+    r.fail("pool", "asks for " + std::to_string(total) + " warm kernels in all; at most " +
+                       std::to_string(GatewayOptions::Pool::kMaxTotal));
 }
 
 }  // namespace kgate::gw

@@ -1,39 +1,98 @@
 // One HTTP connection: reads requests one at a time, checks them, dispatches them.
 #include "http_session.hpp"
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
 #include "agent_session.hpp"
+#include "listener.hpp"
 #include "server.hpp"
 #include "ws_session.hpp"
 
 namespace kgate::gw {
 
 namespace {
-constexpr auto kReadTimeout = std::chrono::seconds(300);  // an idle keep-alive connection
+constexpr auto kReadTimeout = std::chrono::seconds(300);      // an idle keep-alive connection
+constexpr auto kHandshakeTimeout = std::chrono::seconds(10);  // a TLS client that says nothing
+constexpr auto kShutdownTimeout = std::chrono::seconds(5);    // a TLS peer that never answers close_notify
 }
 
-HttpSession::HttpSession(tcp::socket socket, Server& server)
-    : stream_(std::move(socket)), server_(server) {
+HttpSession::HttpSession(Stream stream, Server& server) : stream_(std::move(stream)), server_(server) {
   beast::error_code ec;
-  auto peer = stream_.socket().remote_endpoint(ec);
+  if (auto* u = std::get_if<UnixStream>(&stream_)) {
+    peer_loopback_ = true;  // only this machine reaches a Unix socket
+    auto uid = unix_peer_uid(u->socket().native_handle());
+    const auto& allowed = server_.options().unix_allow_uids;
+    if (!uid) {
+      refused_ = "kgate cannot tell which user connected to its Unix socket, so it serves nobody there";
+      spdlog::warn("refused a connection on unix:{}: the peer's uid is unknown", server_.unix_socket().string());
+    } else if (!unix_peer_allowed(*uid, allowed)) {
+      refused_ = "uid " + std::to_string(*uid) + " may not use this kgate: its Unix socket serves uid " +
+                 std::to_string(::geteuid()) + " (kgate's own) and the uids in unix_allow_uids of kgate.toml";
+      spdlog::warn("refused a connection on unix:{} from uid {} (not kgate's uid {}, nor in unix_allow_uids)",
+                   server_.unix_socket().string(), *uid, ::geteuid());
+    }
+    return;
+  }
+  auto& tcp_layer = std::holds_alternative<TlsStream>(stream_) ? std::get<TlsStream>(stream_).next_layer()
+                                                               : std::get<TcpStream>(stream_);
+  auto peer = tcp_layer.socket().remote_endpoint(ec);
   peer_loopback_ = !ec && peer.address().is_loopback();
-  stream_.socket().set_option(tcp::no_delay(true), ec);
+  tcp_layer.socket().set_option(tcp::no_delay(true), ec);
 }
 
 void HttpSession::run() {
-  net::dispatch(stream_.get_executor(),
-                beast::bind_front_handler(&HttpSession::do_read, shared_from_this()));
+  auto self = shared_from_this();
+  net::dispatch(std::visit([](auto& s) { return s.get_executor(); }, stream_), [self] {
+    auto* tls = std::get_if<TlsStream>(&self->stream_);
+    if (!tls) return self->do_read();
+    // The handshake has a deadline and runs on the Asio thread like everything else.  It
+    // starts by looking at the first bytes: a plain http request gets a plain answer.
+    tls->next_layer().expires_after(kHandshakeTimeout);
+    beast::async_detect_ssl(tls->next_layer(), self->buffer_,
+                            beast::bind_front_handler(&HttpSession::on_detect, self));
+  });
+}
+
+void HttpSession::on_detect(beast::error_code ec, bool tls) {
+  if (ec) {
+    if (ec != beast::error::timeout && ec != net::error::eof && ec != net::error::connection_reset)
+      spdlog::debug("tls: {}", ec.message());
+    return;  // the connection closes with the session
+  }
+  if (!tls) {
+    // Go on in clear text, only to tell the client which scheme to use.
+    TcpStream plain(std::move(std::get<TlsStream>(stream_).next_layer()));
+    stream_.emplace<TcpStream>(std::move(plain));
+    plain_on_tls_ = true;
+    return do_read();
+  }
+  auto& s = std::get<TlsStream>(stream_);
+  s.async_handshake(ssl::stream_base::server, buffer_.data(),
+                    beast::bind_front_handler(&HttpSession::on_handshake, shared_from_this()));
+}
+
+void HttpSession::on_handshake(beast::error_code ec, std::size_t used) {
+  if (ec) {
+    spdlog::debug("tls handshake: {}", ec.message());
+    return;
+  }
+  buffer_.consume(used);
+  do_read();
 }
 
 void HttpSession::do_read() {
   parser_.emplace();
   parser_->body_limit(server_.options().max_body_bytes);
   parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
-  stream_.expires_after(kReadTimeout);
-  http::async_read(stream_, buffer_, *parser_,
-                   beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
+  std::visit(
+      [&](auto& s) {
+        beast::get_lowest_layer(s).expires_after(kReadTimeout);
+        http::async_read(s, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
+      },
+      stream_);
 }
 
 void HttpSession::on_read(beast::error_code ec, std::size_t) {
@@ -52,18 +111,32 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
   }
   if (ec) {
     if (ec != beast::error::timeout && ec != net::error::operation_aborted &&
-        ec != net::error::connection_reset)
+        ec != net::error::connection_reset && ec != ssl::error::stream_truncated)
       spdlog::debug("http read: {}", ec.message());
     return do_close();
   }
   Request req = parser_->release();
-  if (auto refusal = check_request(server_, req)) return write(std::move(*refusal));
+  if (!refused_.empty() || plain_on_tls_) {
+    auto res = !refused_.empty()
+                   ? json_error(req, http::status::forbidden, refused_)
+                   : json_error(req, http::status::bad_request,
+                                "This port serves https: use https://" + std::string(req[http::field::host]) +
+                                    std::string(req.target().substr(0, req.target().find('?'))));
+    res.keep_alive(false);
+    return write(std::move(res));
+  }
+  if (auto refusal = check_request(server_, req, RequestContext{peer_loopback_, is_unix(stream_)}))
+    return write(std::move(*refusal));
 
   if (websocket::is_upgrade(req)) {
     std::string path, query;
     split_target(req.target(), path, query);
     const std::string& base = server_.options().base_url;
     std::string rel = path.substr(0, base.size()) == base ? path.substr(base.size()) : "";
+    auto hand_over = [this] {
+      std::visit([](auto& s) { beast::get_lowest_layer(s).expires_never(); }, stream_);
+      return std::move(stream_);  // the whole stream, TLS state included; this session is done
+    };
     // api/kernels/{id}/channels
     static const std::string prefix = "api/kernels/";
     static const std::string suffix = "/channels";
@@ -73,8 +146,7 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
       auto kernel = server_.manager().get(id);
       if (!kernel) return write(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
       std::string session = query_param(query, "session_id");
-      stream_.expires_never();
-      std::make_shared<WsSession>(stream_.release_socket(), server_, kernel, session)->run(std::move(req));
+      std::make_shared<WsSession>(hand_over(), server_, kernel, session)->run(std::move(req));
       return;
     }
     if (rel == "api/kgate/agent") {
@@ -83,25 +155,27 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
       if (agent.empty() || agent.size() > 256 || label.size() > 256)
         return write(json_error(req, http::status::bad_request,
                                 "agent=ID is required (at most 256 bytes; label too)"));
-      stream_.expires_never();
-      std::make_shared<AgentSession>(stream_.release_socket(), server_, AgentRef{agent, label})->run(std::move(req));
+      std::make_shared<AgentSession>(hand_over(), server_, AgentRef{agent, label})->run(std::move(req));
       return;
     }
     return write(json_error(req, http::status::not_found, "No websocket endpoint at " + path));
   }
   server_.touch();
-  RequestContext ctx{peer_loopback_};
+  RequestContext ctx{peer_loopback_, is_unix(stream_)};
   handle_api(server_, req, ctx, [self = shared_from_this()](Response res) { self->write(std::move(res)); });
 }
 
 void HttpSession::write(Response res) {
   bool keep_alive = res.keep_alive();
-  // A response may come long after the read (a wait of up to 600 s): give the write its own
-  // deadline rather than what is left of the read's.
-  stream_.expires_after(kReadTimeout);
   res_ = std::make_shared<Response>(std::move(res));
-  http::async_write(stream_, *res_,
-                    beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
+  std::visit(
+      [&](auto& s) {
+        // A response may come long after the read (a wait of up to 600 s): give the write its
+        // own deadline rather than what is left of the read's.
+        beast::get_lowest_layer(s).expires_after(kReadTimeout);
+        http::async_write(s, *res_, beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
+      },
+      stream_);
 }
 
 void HttpSession::on_write(bool keep_alive, beast::error_code ec, std::size_t) {
@@ -112,8 +186,21 @@ void HttpSession::on_write(bool keep_alive, beast::error_code ec, std::size_t) {
 }
 
 void HttpSession::do_close() {
-  beast::error_code ec;
-  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  if (auto* tls = std::get_if<TlsStream>(&stream_)) {
+    // close_notify, so the client knows the response was not cut short; bounded.
+    tls->next_layer().expires_after(kShutdownTimeout);
+    tls->async_shutdown([self = shared_from_this()](beast::error_code) {
+      beast::error_code ignored;
+      std::get<TlsStream>(self->stream_).next_layer().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    });
+    return;
+  }
+  std::visit(
+      [](auto& s) {
+        beast::error_code ec;
+        beast::get_lowest_layer(s).socket().shutdown(net::socket_base::shutdown_send, ec);
+      },
+      stream_);
 }
 
 }  // namespace kgate::gw

@@ -461,6 +461,12 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
   auto m = req.method();
   auto n = parts.size();  // parts[0] == "api", parts[1] == "kgate"
   if (n >= 3 && parts[2] == "kernelspecs") return handle_kgate_kernelspecs(server, req, parts, query, std::move(respond));
+  if (n == 3 && parts[2] == "pool") {  // the warm pool and max_kernels (README "Warm pool")
+    if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+    json body = server.pool().status();
+    body["max_kernels"] = server.options().max_kernels;
+    return respond(json_response(req, http::status::ok, body.dump()));
+  }
   if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
     return respond(json_error(req, http::status::service_unavailable,
                               "Job records are switched off in this kgate ([records] enabled = false)"));

@@ -1,4 +1,6 @@
 // kgate: the resident Jupyter kernel gateway.  main() parses options and wires the server.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 
@@ -7,10 +9,12 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "cli_kernelspec_install.hpp"
 #include "cli_kernelspecs.hpp"
 #include "cli_remote.hpp"
 #include "config.hpp"
 #include "kgate/version.hpp"
+#include "proxy_kernel.hpp"
 #include "server.hpp"
 #include "service.hpp"
 
@@ -32,6 +36,16 @@ int main(int argc, char** argv) {
   serve->add_option("--config", config, "kgate.toml to read (default $XDG_CONFIG_HOME/kgate/kgate.toml if it exists)");
   serve->add_option("--runtime-dir", runtime_dir,
                     "Where connection files go (default $JUPYTER_RUNTIME_DIR, else ~/.local/share/jupyter/runtime)");
+  std::string unix_path, certfile, keyfile;
+  auto* unix_opt = serve->add_option("--unix", unix_path,
+                                     "Also serve on a Unix socket (mode 0600; default path "
+                                     "$XDG_RUNTIME_DIR/kgate/kgate.sock, else <runtime dir>/kgate.sock)")
+                       ->expected(0, 1)
+                       ->type_name("[PATH]");
+  bool no_tcp = false;
+  serve->add_flag("--no-tcp", no_tcp, "Serve only on the Unix socket (needs --unix or unix_socket)");
+  serve->add_option("--certfile", certfile, "Serve https/wss with this PEM certificate (chain); needs --keyfile");
+  serve->add_option("--keyfile", keyfile, "The PEM private key of --certfile (unencrypted)");
   serve->add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
 
@@ -39,7 +53,7 @@ int main(int argc, char** argv) {
   std::string kernels_host;
   bool kernels_json = false;
   kernels->add_option("--host", kernels_host,
-                      "A gateways.toml name or a URL (default $KGATE_URL, else http://127.0.0.1:8787; "
+                      "A gateways.toml name or a URL: http://, https:// or unix:///path (default $KGATE_URL, else http://127.0.0.1:8787; "
                       "token from gateways.toml or $KGATE_TOKEN)");
   kernels->add_flag("--json", kernels_json, "Print one JSON object instead of the table");
 
@@ -66,6 +80,39 @@ int main(int argc, char** argv) {
   auto* uninstall = app.add_subcommand("uninstall-service", "Stop and disable the service and remove its file");
   add_scope(uninstall);
 
+  // The proxy kernel and its kernelspec (gateway/proxy_kernel.cpp, cli_kernelspec_install.cpp).
+  auto* proxy = app.add_subcommand("proxy-kernel",
+                                   "Be a Jupyter kernel (for a notebook) that forwards to a kgate kernel");
+  kgate::gw::proxy::ProxyKernelOptions proxy_opts;
+  std::string proxy_log_level = "info";
+  proxy->add_option("-f,--connection-file", proxy_opts.connection_file, "The connection file the client wrote")
+      ->required();
+  proxy->add_option("--kernel", proxy_opts.kernel,
+                    "The kgate kernel (an id or a unique prefix; default $KGATE_PROXY_KERNEL, else the agent's "
+                    "current kernel, else the newest)");
+  proxy->add_option("--url", proxy_opts.url,
+                    "The gateway: a URL or a gateways.toml name (default $KGATE_URL, else http://127.0.0.1:8787)");
+  proxy->add_option("--log-level", proxy_log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  auto* kspec = app.add_subcommand("install-kernelspec",
+                                   "Write the kernelspec that attaches a notebook to a kgate kernel (proxy-kernel)");
+  kgate::gw::KernelspecInstallOptions kspec_opts;
+  using KsWhere = kgate::gw::KernelspecInstallOptions::Where;
+  auto* ks_user = kspec->add_flag_callback("--user", [&kspec_opts] { kspec_opts.where = KsWhere::user; },
+                                           "In your Jupyter data dir ($JUPYTER_DATA_DIR or ~/.local/share/jupyter; the default)");
+  auto* ks_sys = kspec->add_flag_callback("--sys-prefix", [&kspec_opts] { kspec_opts.where = KsWhere::sys_prefix; },
+                                          "In the active environment ($VIRTUAL_ENV or $CONDA_PREFIX)/share/jupyter");
+  auto* ks_prefix = kspec->add_option_function<std::string>(
+      "--prefix", [&kspec_opts](const std::string& p) { kspec_opts.where = KsWhere::prefix; kspec_opts.prefix = p; },
+      "In PREFIX/share/jupyter/kernels");
+  ks_user->excludes(ks_sys)->excludes(ks_prefix);
+  ks_sys->excludes(ks_prefix);
+  kspec->add_option("--name", kspec_opts.name, "The kernelspec name (default kgate)");
+  kspec->add_option("--display-name", kspec_opts.display_name, "The name notebooks show");
+  kspec->add_option("--kernel", kspec_opts.kernel, "Always attach to this kgate kernel (id or unique prefix)");
+  kspec->add_option("--url", kspec_opts.url, "Always use this gateway (a URL or a gateways.toml name)");
+  kspec->add_flag("--force", kspec_opts.force, "Replace a different kernelspec of the same name");
+
   CLI11_PARSE(app, argc, argv);
 
   auto logger = spdlog::stderr_color_mt("kgate");
@@ -74,6 +121,11 @@ int main(int argc, char** argv) {
     spdlog::set_formatter(kgate::gw::journal_formatter());
   else
     spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  if (*kspec) return kgate::gw::install_kernelspec(kspec_opts, std::cout, std::cerr);
+  if (*proxy) {  // a kernel: its stderr is the notebook server's log
+    spdlog::set_level(spdlog::level::from_str(proxy_log_level));
+    return kgate::gw::proxy::run_proxy_kernel(proxy_opts);
+  }
   if (*install) return kgate::gw::install_service(service, std::cout, std::cerr);
   if (*uninstall) return kgate::gw::uninstall_service(service, std::cout, std::cerr);
   if (!*serve) {  // the one-shot commands: stdout is theirs, only warnings go to stderr
@@ -83,21 +135,35 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
+  // Kernels inherit kgate's environment: the token must not be in it.
+  ::unsetenv("KGATE_TOKEN");
+  std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
+  bool use_cfg = !config.empty() || std::filesystem::exists(cfg);
+  // kgate.toml with the flags over it: at start, and again on SIGHUP (Server::reload).
+  auto load = [=] {
+    GatewayOptions o;
+    if (use_cfg) kgate::gw::load_config_file(cfg, o);
+    if (!ip.empty()) o.ip = ip;
+    if (port >= 0) o.port = port;
+    if (!token.empty()) o.token = token;
+    if (!runtime_dir.empty()) o.runtime_dir = runtime_dir;
+    if (unix_opt->count()) {
+      o.unix_socket = true;
+      o.unix_path = unix_path;  // "" = the default path
+    }
+    if (no_tcp) o.tcp = false;
+    if (!certfile.empty()) o.certfile = certfile;
+    if (!keyfile.empty()) o.keyfile = keyfile;
+    return o;
+  };
   GatewayOptions opts;
   try {
-    std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
-    if (!config.empty() || std::filesystem::exists(cfg)) kgate::gw::load_config_file(cfg, opts);
+    opts = load();
   } catch (const std::exception& e) {
     std::cerr << "kgate: " << e.what() << "\n";
     return 2;
   }
-  // Kernels inherit kgate's environment: the token must not be in it.
-  ::unsetenv("KGATE_TOKEN");
-  if (!ip.empty()) opts.ip = ip;
-  if (port >= 0) opts.port = port;
-  if (!token.empty()) opts.token = token;
-  if (!runtime_dir.empty()) opts.runtime_dir = runtime_dir;
-  if (!kgate::gw::is_loopback_address(opts.ip) && opts.token.empty()) {
+  if (opts.tcp && !kgate::gw::is_loopback_address(opts.ip) && opts.token.empty()) {
     std::cerr << "kgate: refusing to listen on " << opts.ip
               << " without a token: anyone who can reach it could run code as you. Set --token, "
                  "$KGATE_TOKEN or token_file in kgate.toml, or bind 127.0.0.1.\n";
@@ -106,11 +172,23 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
   try {
     kgate::gw::Server server(std::move(opts));
+    server.set_reloader(load);
     auto ep = server.listen();
-    std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
-    spdlog::info("kgate {} listening on http://{}:{}{} (token {}; connection files in {})", KGATE_VERSION,
-                 host, ep.port(), server.options().base_url,
-                 server.options().token.empty() ? "off" : "required", server.options().runtime_dir.string());
+    const auto& o = server.options();
+    std::string tail = std::string("token ") + (o.token.empty() ? "off" : "required") + "; connection files in " +
+                       o.runtime_dir.string();
+    if (o.tcp) {
+      std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
+      spdlog::info("kgate {} listening on {}://{}:{}{} ({})", KGATE_VERSION, server.tls() ? "https" : "http", host,
+                   ep.port(), o.base_url, tail);
+      if (!server.tls() && !kgate::gw::is_loopback_address(o.ip))
+        spdlog::warn("serving {} without TLS: the token and the code travel in clear text on the network; "
+                     "give --certfile and --keyfile (or put an https proxy in front)", o.ip);
+    }
+    if (!server.unix_socket().empty())
+      spdlog::info("kgate {} listening on unix:{} (mode 0600, uid {}{}; {})", KGATE_VERSION,
+                   server.unix_socket().string(), ::geteuid(),
+                   o.unix_allow_uids.empty() ? "" : " and unix_allow_uids", tail);
     server.run();
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

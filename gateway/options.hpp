@@ -1,9 +1,12 @@
 // The daemon's settings: one plain struct, filled in main from kgate.toml and the CLI.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,9 @@ struct GatewayOptions {
   std::size_t max_detached_sessions = 256;          // per kernel; the oldest goes first
 
   std::size_t max_waiters = 1000;                   // HTTP requests waiting on jobs (503 past it)
+  // Kernels at once, starts still pending included (503 + Retry-After past it); 0 = no limit.
+  // Pooled kernels not yet handed out are not counted (DEV.md "Warm pool").
+  std::size_t max_kernels = 64;
 
   KernelOptions kernel;
   RecordLimits records;
@@ -67,6 +73,21 @@ struct GatewayOptions {
     bool connected = false;                // cull_connected: also kernels with websocket clients
     bool busy = false;                     // cull_busy: also busy kernels
   } culling;
+
+  // Listeners and TLS (DEV.md "Threads and sockets" and "Security").
+  bool tcp = true;                          // serve on ip:port (false: only on the Unix socket)
+  bool unix_socket = false;                 // also serve on a Unix socket
+  std::filesystem::path unix_path;          // its path; "" = default_unix_socket_path()
+  std::vector<uid_t> unix_allow_uids;       // Unix peers served besides kgate's own uid
+  std::filesystem::path certfile, keyfile;  // both set: https and wss on the TCP listener
+
+  // The warm pool (DEV.md "Warm pool"): ready kernels handed to POST /api/kernels.
+  struct Pool {
+    std::size_t size = 1;                          // for the default kernelspec; 0 = none
+    std::map<std::string, std::size_t> kernels;    // per kernelspec name (overrides size)
+    static constexpr std::size_t kMaxPerSpec = 16;
+    static constexpr std::size_t kMaxTotal = 64;
+  } pool;
 };
 
 }  // namespace kgate::gw

@@ -8,6 +8,7 @@
 #include "api.hpp"
 #include "http_session.hpp"
 #include "service.hpp"
+#include "stream.hpp"
 
 namespace kgate::gw {
 
@@ -22,7 +23,9 @@ Server::Server(GatewayOptions opts)
                  DiscoveryService::Timing{opts_.discovery.watch_interval, opts_.discovery.rescan_interval,
                                           opts_.discovery.probe_timeout}),
       acceptor_(ioc_),
-      signals_(ioc_, SIGINT, SIGTERM) {
+      unix_(ioc_),
+      signals_(ioc_, SIGINT, SIGTERM),
+      hup_(ioc_, SIGHUP) {
   if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
   if (opts_.root_dir.empty()) opts_.root_dir = std::filesystem::current_path();
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
@@ -32,6 +35,7 @@ Server::Server(GatewayOptions opts)
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
+  pool_ = std::make_unique<WarmPool>(*this);
   // A change in the records (on any thread) re-checks the waiting requests, once per burst.
   jobs_.set_on_change([this] {
     if (!poke_pending_.exchange(true))
@@ -48,6 +52,19 @@ Server::~Server() {
 }
 
 tcp::endpoint Server::listen() {
+  if (!opts_.tcp && !opts_.unix_socket)
+    throw std::runtime_error("TCP is off (--no-tcp or tcp = false) and there is no Unix socket (--unix or "
+                             "unix_socket in kgate.toml): there would be nothing to listen on");
+  if (opts_.certfile.empty() != opts_.keyfile.empty())
+    throw std::runtime_error(std::string("TLS needs both a certfile and a keyfile; only the ") +
+                             (opts_.certfile.empty() ? "keyfile" : "certfile") + " was given");
+  if (!opts_.certfile.empty()) {
+    if (!opts_.tcp) throw std::runtime_error("certfile/keyfile are for the TCP listener, and TCP is off (--no-tcp)");
+    tls_ = server_tls_context(opts_.certfile, opts_.keyfile);
+  }
+  if (opts_.unix_socket)
+    unix_.listen(opts_.unix_path.empty() ? default_unix_socket_path(opts_.runtime_dir) : opts_.unix_path);
+  if (!opts_.tcp) return endpoint_;
   beast::error_code ec;
   auto addr = net::ip::make_address(opts_.ip == "localhost" ? "127.0.0.1" : opts_.ip, ec);
   if (ec) throw std::runtime_error("invalid --ip " + opts_.ip + ": " + ec.message());
@@ -68,6 +85,8 @@ void Server::run() {
   do_accept();
   sweep_jobs();
   arm_cull_timer();
+  pool_->configure();  // the first warm kernels start once the catalog is known
+  arm_hup();
   notify_ready(endpoint_, opts_.base_url);  // sd_notify READY=1; a no-op outside systemd
   ioc_.run();
 }
@@ -83,8 +102,11 @@ void Server::on_signal(beast::error_code ec, int sig) {
   spdlog::info("{}: shutting down {} kernel(s)", sig ? strsignal(sig) : "stop", manager_->count());
   beast::error_code ignored;
   acceptor_.close(ignored);
+  unix_.close();  // and its file
   sweep_timer_.cancel();
   cull_timer_.cancel();
+  pool_->stop();
+  hup_.cancel();
   manager_->shutdown_all();
   waiters_.cancel_all();
   hub_.close_all("kgate is shutting down");
@@ -142,14 +164,34 @@ void Server::cull_kernels() {
 }
 
 void Server::do_accept() {
+  if (acceptor_.is_open()) accept_tcp();
+  if (unix_.is_open()) accept_unix();
+}
+
+void Server::accept_tcp() {
   acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;
       spdlog::warn("accept: {}", ec.message());
+    } else if (tls_) {
+      std::make_shared<HttpSession>(Stream(std::in_place_type<TlsStream>, std::move(socket), *tls_), *this)->run();
     } else {
-      std::make_shared<HttpSession>(std::move(socket), *this)->run();
+      std::make_shared<HttpSession>(Stream(std::in_place_type<TcpStream>, std::move(socket)), *this)->run();
     }
-    if (acceptor_.is_open()) do_accept();
+    if (acceptor_.is_open()) accept_tcp();
+  });
+}
+
+void Server::accept_unix() {
+  unix_.acceptor().async_accept(net::make_strand(ioc_), [this](beast::error_code ec, local::socket socket) {
+    if (ec) {
+      if (ec == net::error::operation_aborted) return;
+      spdlog::warn("accept on unix:{}: {}", unix_.path().string(), ec.message());
+    } else {
+      // The session checks the peer's uid (and answers a refused one with a 403).
+      std::make_shared<HttpSession>(Stream(std::in_place_type<UnixStream>, std::move(socket)), *this)->run();
+    }
+    if (unix_.is_open()) accept_unix();
   });
 }
 
@@ -182,6 +224,124 @@ void Server::when_catalog(std::uint64_t gen, std::chrono::milliseconds bound,
     if (ec != net::error::operation_aborted) finish();
   });
   discovery_.when_generation(gen, [this, finish] { net::post(ioc_, finish); });
+}
+
+void Server::arm_hup() {
+  hup_.async_wait([this](beast::error_code ec, int) {
+    if (ec || stopping_) return;
+    reload();
+    arm_hup();
+  });
+}
+
+void Server::reload() {
+  if (!reloader_) {
+    spdlog::info("SIGHUP: nothing to reload (no config loader)");
+    return;
+  }
+  GatewayOptions n;
+  try {
+    n = reloader_();
+  } catch (const std::exception& e) {
+    spdlog::error("SIGHUP: {}; keeping the running settings", e.what());
+    return;
+  }
+  if (!is_loopback_address(opts_.ip) && n.token.empty()) {
+    spdlog::error("SIGHUP: the new settings have no token but kgate listens on {}; keeping the running settings",
+                  opts_.ip);
+    return;
+  }
+  std::vector<std::string> restart;  // read once at start: named, not changed
+  auto needs_restart = [&restart](bool differs, const char* key) {
+    if (differs) restart.push_back(key);
+  };
+  needs_restart(n.ip != opts_.ip, "ip");
+  needs_restart(n.port != opts_.port, "port");
+  std::string base = n.base_url;  // normalised as the constructor does
+  if (base.empty() || base.front() != '/') base = "/" + base;
+  if (base.back() != '/') base += '/';
+  needs_restart(base != opts_.base_url, "base_url");
+  needs_restart(!n.runtime_dir.empty() && n.runtime_dir != opts_.runtime_dir, "runtime_dir");
+  needs_restart(n.default_kernel != opts_.default_kernel, "default_kernel");
+  needs_restart(n.max_waiters != opts_.max_waiters, "records.max_waiters");
+  needs_restart(n.kernel.ready_timeout != opts_.kernel.ready_timeout ||
+                    n.kernel.shutdown_grace != opts_.kernel.shutdown_grace ||
+                    n.kernel.terminate_grace != opts_.kernel.terminate_grace ||
+                    n.kernel.heartbeat_interval != opts_.kernel.heartbeat_interval ||
+                    n.kernel.heartbeat_misses != opts_.kernel.heartbeat_misses ||
+                    n.kernel.launch_attempts != opts_.kernel.launch_attempts ||
+                    n.kernel.max_pending != opts_.kernel.max_pending || n.kernel.max_held != opts_.kernel.max_held ||
+                    n.kernel.max_message_bytes != opts_.kernel.max_message_bytes,
+                "[kernel] and the kernel limits");
+  needs_restart(n.records.enabled != opts_.records.enabled || n.records.max_jobs != opts_.records.max_jobs ||
+                    n.records.job_output_bytes != opts_.records.job_output_bytes ||
+                    n.records.job_code_bytes != opts_.records.job_code_bytes ||
+                    n.records.budget_bytes != opts_.records.budget_bytes ||
+                    n.records.max_unseen_jobs != opts_.records.max_unseen_jobs ||
+                    n.records.claim_grace != opts_.records.claim_grace ||
+                    n.records.reply_grace != opts_.records.reply_grace,
+                "[records]");
+  needs_restart(n.discovery.interpreters != opts_.discovery.interpreters ||
+                    n.discovery.watch_interval != opts_.discovery.watch_interval ||
+                    n.discovery.rescan_interval != opts_.discovery.rescan_interval ||
+                    n.discovery.probe_timeout != opts_.discovery.probe_timeout,
+                "[discovery]");
+  bool token_changed = n.token != opts_.token;
+  opts_.token = std::move(n.token);
+  opts_.allow_origins = std::move(n.allow_origins);
+  opts_.allow_hosts = std::move(n.allow_hosts);
+  opts_.env_policy = n.env_policy;
+  opts_.env_allow = std::move(n.env_allow);
+  opts_.max_body_bytes = n.max_body_bytes;
+  opts_.max_header_bytes = n.max_header_bytes;
+  opts_.max_ws_message_bytes = n.max_ws_message_bytes;  // for websockets opened from now on
+  opts_.client_queue_bytes = n.client_queue_bytes;
+  opts_.client_queue_messages = n.client_queue_messages;
+  opts_.replay_bytes = n.replay_bytes;
+  opts_.replay_messages = n.replay_messages;
+  opts_.replay_ttl = n.replay_ttl;
+  opts_.sessionless_window = n.sessionless_window;
+  opts_.max_detached_sessions = n.max_detached_sessions;
+  opts_.max_kernels = n.max_kernels;
+  opts_.discovery.request_wait = n.discovery.request_wait;
+  bool cull_changed = n.culling.interval != opts_.culling.interval;
+  opts_.culling = n.culling;
+  if (cull_changed) {
+    cull_timer_.cancel();  // its handler sees operation_aborted and does not re-arm
+    arm_cull_timer();
+  }
+  opts_.pool = std::move(n.pool);
+  pool_->configure();
+  spdlog::info("SIGHUP: settings reloaded (token {}{}, max_kernels {}, pool size {})",
+               opts_.token.empty() ? "off" : "required", token_changed ? ", changed" : "",
+               opts_.max_kernels, opts_.pool.size);
+  for (const auto& key : restart) spdlog::warn("SIGHUP: {} changed; it takes a restart of kgate", key);
+}
+
+std::optional<std::string> Server::admit() {
+  const std::size_t max = opts_.max_kernels;
+  if (max == 0) {
+    ++starts_pending_;
+    return std::nullopt;
+  }
+  // Kernels that were deleted, culled or died no longer take a slot.
+  std::erase_if(admitted_kernels_, [this](const std::string& id) {
+    auto k = manager_->get(id);
+    return !k || k->execution_state() == "dead";
+  });
+  std::size_t running = admitted_kernels_.size();
+  if (running + starts_pending_ < max) {
+    ++starts_pending_;
+    return std::nullopt;
+  }
+  return "kgate runs its maximum of " + std::to_string(max) + " kernels (max_kernels: " + std::to_string(running) +
+         " running, " + std::to_string(starts_pending_) +
+         " starting); shut one down (DELETE /api/kernels/{id}) or raise max_kernels in kgate.toml";
+}
+
+void Server::admitted(const std::string& id) {
+  if (starts_pending_ > 0) --starts_pending_;
+  if (!id.empty()) admitted_kernels_.push_back(id);
 }
 
 std::string Server::last_activity() const { return last_activity_; }

@@ -13,8 +13,10 @@
 #include "jobs_api.hpp"
 #include "kgate/discovery.hpp"
 #include "kgate/jobs.hpp"
+#include "listener.hpp"
 #include "net.hpp"
 #include "options.hpp"
+#include "pool.hpp"
 
 namespace kgate::gw {
 
@@ -25,7 +27,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds and listens.  Throws std::runtime_error with a clear message on failure.
+  // Binds and listens: on ip:port (unless options().tcp is off; TLS with certfile/keyfile) and on
+  // the Unix socket when options().unix_socket.  Throws std::runtime_error with a clear message
+  // on failure.  Returns the TCP endpoint (unspecified without TCP).
   tcp::endpoint listen();
   // Serves until SIGINT/SIGTERM or stop(), then shuts every kernel down.
   void run();
@@ -39,6 +43,9 @@ class Server {
   JobStore& jobs() { return jobs_; }
   Waiters& waiters() { return waiters_; }
   tcp::endpoint endpoint() const { return endpoint_; }
+  bool tls() const { return tls_ != nullptr; }
+  // The Unix socket's path ("" when there is none).
+  const std::filesystem::path& unix_socket() const { return unix_.path(); }
 
   // The kernel catalog (kernelspecs and Python environments, kgate/discovery.hpp). Calls `fn`
   // on the Asio thread with the newest catalog: at once when the first full discovery is done,
@@ -63,13 +70,30 @@ class Server {
   };
   std::optional<CullTimeout> cull_timeout(const Kernel& k) const;
 
+  WarmPool& pool() { return *pool_; }
+
+  // SIGHUP: `load` reads kgate.toml again with the command line's flags applied over it (main
+  // provides it) and reload() takes on what can change in a running kgate: tokens, limits,
+  // max_kernels, culling, the pool sizes (README "Reloading").  A bad file changes nothing.
+  void set_reloader(std::function<GatewayOptions()> load) { reloader_ = std::move(load); }
+  void reload();  // Asio thread
+
+  // max_kernels, on the Asio thread: a POST /api/kernels takes a slot before anything else
+  // (nullopt), or gets the refusal to send with 503; the slot becomes the kernel's when its
+  // start finished (admitted(id)) or is given back (admitted("")).
+  std::optional<std::string> admit();
+  void admitted(const std::string& id);
+
   const std::string& started() const { return started_; }
   std::string last_activity() const;
   void touch() { last_activity_ = iso_now(); }
 
  private:
-  void do_accept();
+  void do_accept();  // starts the accept loop of each listener
+  void accept_tcp();
+  void accept_unix();
   void on_signal(beast::error_code ec, int sig);
+  void arm_hup();
   void sweep_jobs();
   void arm_cull_timer();
   void cull_kernels();  // every [culling] cull_interval, on the Asio thread
@@ -84,10 +108,17 @@ class Server {
   std::atomic<bool> poke_pending_{false};
   std::unique_ptr<KernelManager> manager_;
   DiscoveryService discovery_;  // after ioc_: its callbacks post into it
+  std::unique_ptr<WarmPool> pool_;
+  std::function<GatewayOptions()> reloader_;
+  std::size_t starts_pending_ = 0;             // admitted POSTs whose start is not done
+  std::vector<std::string> admitted_kernels_;  // kernels those POSTs made (pruned in admit)
   std::shared_ptr<const Catalog> specs_cat_;  // the catalog specs_body_ was made from
   std::string specs_body_;
+  std::shared_ptr<net::ssl::context> tls_;  // before the acceptors: every TLS stream points at it
   tcp::acceptor acceptor_;
+  UnixListener unix_;
   net::signal_set signals_;
+  net::signal_set hup_;  // SIGHUP: reload()
   tcp::endpoint endpoint_;
   std::string started_ = iso_now();
   std::string last_activity_ = started_;

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "hub.hpp"
-#include "net.hpp"
+#include "stream.hpp"
 
 namespace kgate::gw {
 
@@ -24,7 +24,7 @@ class Server;
 
 class WsSession final : public WsClient, public std::enable_shared_from_this<WsSession> {
  public:
-  WsSession(tcp::socket socket, Server& server, KernelPtr kernel, std::string session_id);
+  WsSession(Stream stream, Server& server, KernelPtr kernel, std::string session_id);
   ~WsSession() override;
 
   // Completes the handshake for `req` (already authorised), then reads and writes.
@@ -44,7 +44,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void close(websocket::close_code code, const std::string& reason);
   void finish();  // detach from the hub exactly once
 
-  websocket::stream<beast::tcp_stream> ws_;
+  Websocket ws_;  // over TCP, TLS or the Unix socket
   Server& server_;
   KernelPtr kernel_;
   std::string session_id_;

@@ -8,7 +8,7 @@ PKGS=(
   libssl-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libtomlplusplus-dev
   python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
   python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib python3-venv
-  jupyter-console chromium libstb-dev libsimdjson-dev procps
+  jupyter-console python3-notebook chromium libstb-dev libsimdjson-dev procps
   libsystemd-dev systemd openssl
 )
 

@@ -173,6 +173,18 @@ class Builder {
   // Judges (and for a bare python argv[0], resolves) one spec found on disk.
   void judge(CatalogEntry& e, const Probed* env_interp) {
     auto& argv = e.spec.argv;
+    // `kgate install-kernelspec`'s spec attaches a notebook to a kgate kernel: as a kernel of kgate
+    // itself it would proxy to kgate, in a loop.
+    const auto& meta = e.spec.metadata;
+    bool proxy = (argv.size() > 1 && argv[1] == "proxy-kernel" &&
+                  fs::path(argv[0]).filename().string().rfind("kgate", 0) == 0) ||
+                 (meta.is_object() && meta.contains("kgate") && meta["kgate"].is_object() &&
+                  meta["kgate"].contains("proxy_kernel") && meta["kgate"]["proxy_kernel"] == true);
+    if (proxy) {
+      e.launchable = false;
+      e.reason = "a kgate proxy kernel (for notebooks, to attach to a kgate kernel); kgate does not run it";
+      return;
+    }
     const std::string argv0 = argv[0];
     const std::string base = fs::path(argv0).filename().string();
     const bool python = is_python_spec(e.spec);

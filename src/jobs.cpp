@@ -407,7 +407,10 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
     if (auto it = kernels_.find(kernel->id()); it != kernels_.end()) it->second.inflight.erase(m.parent_msg_id);
     Job* j = by_request_locked(m.parent_msg_id);
     if (!j) {
-      // Ended by its idle already: the reply can still correct an ok whose error was lost.
+      // Ended by its idle already: the kernel's reply can still correct an ok whose error was
+      // lost.  kgate's own answer (a restart or shutdown failing what was still pending) cannot:
+      // it says nothing of a cell that had run to its idle.
+      if (m.synthesized) return;
       auto rit = std::find_if(recent_.rbegin(), recent_.rend(),
                               [&](auto& p) { return p.first == m.parent_msg_id; });
       auto it = rit == recent_.rend() ? jobs_.end() : jobs_.find(rit->second);

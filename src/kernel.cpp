@@ -129,6 +129,33 @@ void Kernel::touch() {
   last_touch_ = t;
 }
 
+Kernel::Clock::time_point Kernel::created_at() const {
+  std::lock_guard lk(mu_);
+  return created_;
+}
+
+std::optional<std::chrono::milliseconds> Kernel::cull_idle_timeout() const {
+  std::lock_guard lk(mu_);
+  return cull_idle_timeout_;
+}
+
+void Kernel::set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t) {
+  std::lock_guard lk(mu_);
+  cull_idle_timeout_ = t;
+}
+
+void Kernel::handed_out() {
+  auto now = iso_now();
+  auto t = Clock::now();
+  {
+    std::lock_guard lk(mu_);
+    created_ = t;
+    last_touch_ = t;
+    last_activity_ = std::move(now);
+  }
+  pooled_.store(false);
+}
+
 Kernel::Clock::duration Kernel::idle_for() const {
   auto now = Clock::now();
   std::lock_guard lk(mu_);
@@ -221,6 +248,18 @@ struct KernelIo {
   bool restart_requested = false;
   bool culled = false;  // culled: nothing more of it goes to observers (clients were told dead)
 
+  // A hand-out from the pool in progress (KernelManager::hand_out): done once the execute's
+  // reply and its idle status are both in, or on error/timeout.
+  struct HandOutWait {
+    std::string msg_id;
+    bool replied = false;
+    bool idle = false;
+    std::string error;
+    std::optional<std::chrono::milliseconds> cull_idle_timeout;
+    std::function<void(StartResult)> done;
+  };
+  std::optional<HandOutWait> handout;
+
   std::deque<ClientMessage> held;  // client messages waiting for readiness
   std::unordered_map<std::string, Pending> pending;
   std::unordered_set<std::string> internal;  // msg_ids of kgate's own requests
@@ -303,7 +342,8 @@ struct KernelManager::Impl {
   void close_sockets(KernelIo& k);
   void stop_stdin_monitor(KernelIo& k);
   void on_stdin_monitor(KernelIo& k);
-  void send_internal(KernelIo& k, Channel ch, const std::string& msg_type, json content);
+  std::string send_internal(KernelIo& k, Channel ch, const std::string& msg_type, json content);
+  void check_handout(KernelIo& k);
   void send_kernel_info(KernelIo& k);
   void check_ready(KernelIo& k);
   void became_ready(KernelIo& k);
@@ -454,9 +494,9 @@ void KernelManager::Impl::on_stdin_monitor(KernelIo& k) {
   }
 }
 
-void KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::string& msg_type,
-                                        json content) {
-  if (!k.sockets_open()) return;
+std::string KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::string& msg_type,
+                                               json content) {
+  if (!k.sockets_open()) return {};
   json header = make_header(msg_type, k.session);
   WireMessage w;
   w.header = header.dump();
@@ -468,8 +508,12 @@ void KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const std::stri
   if (ch == Channel::control) k.remember_control(id);
   if (msg_type == "kernel_info_request") k.ready_msg_id = id;
   zmq::socket_t& s = ch == Channel::control ? *k.control : *k.shell;
-  if (!send_frames(s, encode(w, *k.signer)))
+  if (!send_frames(s, encode(w, *k.signer))) {
     spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
+    k.internal.erase(id);
+    return {};
+  }
+  return id;
 }
 
 void KernelManager::Impl::send_kernel_info(KernelIo& k) {
@@ -585,7 +629,8 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     if (m.channel == Channel::control) k.remember_control(m.msg_id);
   }
   k.kernel->touch();  // a client's message is activity too (idle culling)
-  for (auto* o : observers) o->on_client_message(k.kernel, m);
+  if (!k.kernel->pooled())
+    for (auto* o : observers) o->on_client_message(k.kernel, m);
 }
 
 void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
@@ -624,10 +669,12 @@ void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state
 }
 
 void KernelManager::Impl::lifecycle(KernelIo& k, KernelLifecycle ev, const std::string& reason) {
+  if (k.kernel->pooled()) return;  // nobody knows of it yet
   for (auto* o : observers) o->on_kernel_lifecycle(k.kernel, ev, reason);
 }
 
 void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
+  if (k.kernel->pooled()) return;  // its startup and hand-out chatter is kgate's own
   auto msg = std::make_shared<const KernelMessage>(std::move(m));
   for (auto* o : observers) o->on_kernel_message(k.kernel, msg);
 }
@@ -690,6 +737,12 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       // The busy/idle around a control request says nothing about the shell: skip it.
       if (k.phase == Phase::ready && !control_parent && (state == "busy" || state == "idle"))
         k.kernel->set_state(state);
+      if (k.handout && state == "idle" && m.parent_msg_id == k.handout->msg_id) {
+        k.handout->idle = true;
+        deliver(k, std::move(m));  // pooled still: goes nowhere
+        check_handout(k);
+        return;
+      }
     }
     if (k.phase == Phase::launching || k.phase == Phase::restarting) {
       k.iopub_seen = true;
@@ -714,6 +767,17 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
     if (m.msg_type == "kernel_info_reply" && m.parent_msg_id == k.ready_msg_id) {
       k.ready_reply = true;
       check_ready(k);
+    }
+    if (k.handout && m.parent_msg_id == k.handout->msg_id) {
+      json content = json::parse(m.wire.content, nullptr, false);
+      std::string status = content.is_object() ? content.value("status", "") : "";
+      if (status != "ok") {
+        std::string what = content.is_object() ? content.value("ename", "") + ": " + content.value("evalue", "")
+                                               : "an unreadable reply";
+        k.handout->error = "applying cwd/env to the pooled kernel failed (" + what + ")";
+      }
+      k.handout->replied = true;
+      check_handout(k);
     }
     return;
   }
@@ -777,6 +841,11 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
       }
       return;
     case Phase::ready: {
+      if (k.kernel->pooled()) {  // nobody used it: drop it, the pool starts another
+        spdlog::warn("kernel {}: pooled kernel {}; removed", id, how);
+        finish_removal(k);
+        return;
+      }
       spdlog::error("kernel {}: died ({})", id, how);
       close_sockets(k);
       k.phase = Phase::dead;
@@ -866,13 +935,23 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
     reserved_ports.erase(p);
   KernelPtr kernel = k.kernel;
   auto waiters = std::move(k.stop_waiters);
+  auto k_lost = std::move(k.request.on_pool_lost);
+  if (k.handout) {
+    auto h = std::move(*k.handout);
+    k.handout.reset();
+    if (h.done) h.done(StartResult{nullptr, "the pooled kernel was removed during the hand-out"});
+  }
   {
     std::lock_guard lk(kmu);
     kernels.erase(id);
   }
   io.erase(id);  // k is gone from here on
   spdlog::info("kernel {}: removed", id);
-  for (auto* o : observers) o->on_kernel_removed(kernel);
+  if (kernel->pooled()) {
+    if (k_lost) k_lost(id, "it exited or was removed");
+  } else {
+    for (auto* o : observers) o->on_kernel_removed(kernel);
+  }
   for (auto& w : waiters) w(true);
 }
 
@@ -1040,6 +1119,7 @@ KernelManager::~KernelManager() {
 void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
   auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(req.spec));
   kernel->set_cull_idle_timeout(req.cull_idle_timeout);
+  kernel->set_pooled(req.pooled);
   impl_->post([this, kernel, req = std::move(req), done = std::move(done)]() mutable {
     Impl& m = *impl_;
     if (m.stopping) {
@@ -1053,7 +1133,7 @@ void KernelManager::start(StartRequest req, std::function<void(StartResult)> don
     k->conn.kernel_name = kernel->spec().name;
     k->conn.ip = "127.0.0.1";
     k->signer = std::make_unique<Signer>(k->conn.key, k->conn.signature_scheme);
-    k->file = m.runtime_dir / ("kernel-" + kernel->id() + ".json");
+    k->file = m.runtime_dir / ((k->request.pooled ? "pool-" : "kernel-") + kernel->id() + ".json");
     k->start_waiters.push_back(std::move(done));
     KernelIo& ref = *k;
     m.io.emplace(kernel->id(), std::move(k));
@@ -1067,6 +1147,80 @@ void KernelManager::start(StartRequest req, std::function<void(StartResult)> don
     } catch (const std::exception& e) {
       m.fail_start(ref, e.what());
     }
+  });
+}
+
+namespace {
+// The hand-out as Python: one exec() of a fixed script in a throwaway namespace, so nothing is
+// bound in the user's.  The values are JSON literals, which Python reads as its own (nlohmann
+// escapes control characters as \n, \t or \u00XX).  A `python -m` kernel has the cwd it started
+// in on sys.path (besides IPython's ''): that entry follows the chdir, as in a cold start there.
+std::string handout_code(const HandOut& h) {
+  auto lit = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  std::string script = "import os, sys\n";
+  if (!h.env.empty()) script += "os.environ.update(env)\n";
+  if (!h.cwd.empty())
+    script += "old = os.getcwd()\nos.chdir(cwd)\nsys.path[:] = [cwd if p == old else p for p in sys.path]\n";
+  json ns = {{"env", h.env}, {"cwd", h.cwd.string()}};
+  return "exec(" + lit(script) + ", " + lit(ns) + ")\n";
+}
+}  // namespace
+
+void KernelManager::Impl::check_handout(KernelIo& k) {
+  if (!k.handout) return;
+  auto& h = *k.handout;
+  bool failed = !h.error.empty();
+  if (!failed && !(h.replied && h.idle)) return;
+  auto done = std::move(h.done);
+  auto cull = h.cull_idle_timeout;
+  std::string error = h.error;
+  k.handout.reset();  // the timeout finds no hand-out and does nothing
+  if (failed) {
+    spdlog::warn("kernel {}: hand-out failed: {}; stopping it", k.kernel->id(), error);
+    k.request.on_pool_lost = nullptr;  // the pool hears of it through `done`
+    begin_stop(k, /*restart=*/false);
+    done(StartResult{nullptr, error});
+    return;
+  }
+  // kernel-<id>.json from now on: `jupyter console --existing` may find it.
+  auto file = runtime_dir / ("kernel-" + k.kernel->id() + ".json");
+  std::error_code ec;
+  std::filesystem::rename(k.file, file, ec);
+  if (ec) {
+    spdlog::warn("kernel {}: cannot rename {} to {}: {}; keeping the pool name", k.kernel->id(),
+                 k.file.string(), file.string(), ec.message());
+  } else {
+    k.file = file;
+  }
+  k.kernel->set_process(k.proc.pid(), k.file, k.conn);
+  k.kernel->set_cull_idle_timeout(cull);
+  k.request.pooled = false;
+  k.request.on_pool_lost = nullptr;
+  k.kernel->handed_out();
+  spdlog::info("kernel {}: handed out from the pool", k.kernel->id());
+  done(StartResult{k.kernel, {}});
+}
+
+void KernelManager::hand_out(const std::string& id, HandOut h, std::function<void(StartResult)> done) {
+  impl_->post([this, id, h = std::move(h), done = std::move(done)]() mutable {
+    Impl& m = *impl_;
+    KernelIo* k = m.find(id);
+    if (!k || !k->kernel->pooled()) return done(StartResult{nullptr, "no such pooled kernel"});
+    if (k->phase != Phase::ready || k->handout)
+      return done(StartResult{nullptr, "the pooled kernel is not ready"});
+    json content = {{"code", handout_code(h)}, {"silent", true},       {"store_history", false},
+                    {"user_expressions", json::object()}, {"allow_stdin", false}, {"stop_on_error", true}};
+    std::string msg_id = m.send_internal(*k, Channel::shell, "execute_request", std::move(content));
+    if (msg_id.empty()) return done(StartResult{nullptr, "the pooled kernel's shell queue is full"});
+    k->handout = KernelIo::HandOutWait{msg_id, false, false, {}, h.cull_idle_timeout, std::move(done)};
+    auto timeout = h.timeout;
+    m.after(timeout, [&m, id, msg_id, timeout] {
+      KernelIo* kk = m.find(id);
+      if (!kk || !kk->handout || kk->handout->msg_id != msg_id) return;
+      kk->handout->error = "the pooled kernel did not answer the hand-out within " +
+                           std::to_string(timeout.count()) + " ms";
+      m.check_handout(*kk);
+    });
   });
 }
 
@@ -1179,27 +1333,39 @@ void KernelManager::cull(const std::string& id, CullRequest req, std::function<v
   });
 }
 
-KernelPtr KernelManager::get(const std::string& id) const {
+KernelPtr KernelManager::get_any(const std::string& id) const {
   std::lock_guard lk(impl_->kmu);
   auto it = impl_->kernels.find(id);
   return it == impl_->kernels.end() ? nullptr : it->second;
+}
+
+KernelPtr KernelManager::get(const std::string& id) const {
+  auto k = get_any(id);
+  return k && !k->pooled() ? k : nullptr;
 }
 
 std::vector<KernelPtr> KernelManager::list() const {
   std::lock_guard lk(impl_->kmu);
   std::vector<KernelPtr> out;
   out.reserve(impl_->kernels.size());
-  for (auto& [id, k] : impl_->kernels) out.push_back(k);
+  for (auto& [id, k] : impl_->kernels)
+    if (!k->pooled()) out.push_back(k);
   return out;
 }
 
 std::size_t KernelManager::count() const {
   std::lock_guard lk(impl_->kmu);
-  return impl_->kernels.size();
+  std::size_t n = 0;
+  for (auto& [id, k] : impl_->kernels) n += !k->pooled();
+  return n;
 }
 
 void KernelManager::shutdown_all() {
-  auto ids = list();
+  std::vector<KernelPtr> ids;
+  {
+    std::lock_guard lk(impl_->kmu);
+    for (auto& [id, k] : impl_->kernels) ids.push_back(k);
+  }
   if (ids.empty()) return;
   struct Countdown {
     std::mutex mu;

@@ -1,6 +1,8 @@
 // kgate-mcp's side of a gateway: HTTP calls, the agent link, a kernel's channels websocket.
 #include "gateway.hpp"
 
+#include <sys/un.h>
+
 #include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
 
 #include <boost/asio.hpp>
@@ -45,8 +47,17 @@ std::string percent_encode(std::string_view s) {
   return out;
 }
 
+// A failed connect to a Unix socket as one sentence naming the path.
+std::string unix_connect_message(const Endpoint& ep, const beast::error_code& ec) {
+  std::string hint = ec == net::error::access_denied ? "the socket is its owner's only (mode 0600): run as kgate's user"
+                     : ec == net::error::connection_refused ? "nobody accepts on it: a stale socket; is kgate running?"
+                     : ec == beast::error::timeout ? "no answer: is kgate busy or stopped?"
+                                                   : "is kgate serving with --unix?";
+  return "cannot connect to " + ep.url + ": " + ec.message() + " (" + hint + ")";
+}
+
 // Resolves `ep`, connects the TCP layer of `s` (deadline `timeout`) and, when `s` is a TLS stream,
-// does the TLS handshake (deadline `timeout` again).  Then done(ec, tls_error): `tls_error`
+// does the TLS handshake (deadline `timeout` again).  Then done(ec, open_error): `open_error`
 // names a failed handshake, else it is "".  The caller runs the io_context.
 template <class Stream>
 void async_open(Stream& s, tcp::resolver& resolver, const Endpoint& ep, std::chrono::milliseconds timeout,
@@ -70,6 +81,20 @@ void async_open(Stream& s, tcp::resolver& resolver, const Endpoint& ep, std::chr
   });
 }
 
+// The same for a unix:// endpoint: connects to its socket path; `open_error` names the path.
+void async_open(tls::UnixStream& s, tcp::resolver&, const Endpoint& ep, std::chrono::milliseconds timeout,
+                std::function<void(beast::error_code, std::string)> done) {
+  s.expires_after(timeout);
+  s.async_connect(net::local::stream_protocol::endpoint(ep.socket_path),
+                  [&ep, done](beast::error_code ec) { done(ec, ec ? unix_connect_message(ep, ec) : ""); });
+}
+
+void set_no_delay(beast::tcp_stream& s) {
+  beast::error_code ignored;
+  s.socket().set_option(tcp::no_delay(true), ignored);
+}
+void set_no_delay(tls::UnixStream&) {}
+
 }  // namespace
 
 bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error) {
@@ -81,8 +106,27 @@ bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error
   ep.url = url;
   ep.scheme = url.substr(0, sep);
   for (auto& c : ep.scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
+  ep.socket_path.clear();
+  if (ep.scheme == "unix") {
+    // unix:///path: everything after the (empty) authority is the socket's path.
+    std::string path = url.substr(sep + 3);
+    if (path.empty() || path.front() != '/') {
+      error = "'" + url + "' has no absolute socket path (expected unix:///path/to/kgate.sock: three slashes)";
+      return false;
+    }
+    if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      error = "the socket path in " + url + " is too long (" + std::to_string(path.size()) + " bytes; at most " +
+              std::to_string(sizeof(sockaddr_un{}.sun_path) - 1) + ")";
+      return false;
+    }
+    ep.socket_path = path;
+    ep.host = "localhost";
+    ep.port.clear();
+    ep.base = "/";
+    return true;
+  }
   if (ep.scheme != "http" && ep.scheme != "https") {
-    error = "unsupported URL scheme '" + ep.scheme + "' in " + url + " (expected http or https)";
+    error = "unsupported URL scheme '" + ep.scheme + "' in " + url + " (expected http, https or unix)";
     return false;
   }
   const std::string default_port = ep.scheme == "https" ? "443" : "80";
@@ -128,9 +172,9 @@ std::string HttpResult::message() const {
 // HttpClient
 
 struct HttpClient::Conn {
-  explicit Conn(std::shared_ptr<ssl::context> tls) : stream(std::move(tls), ioc) {}
+  Conn(const Endpoint& ep, std::shared_ptr<ssl::context> tls) : stream(ep, std::move(tls), ioc) {}
   net::io_context ioc{1};
-  tls::Stream stream;  // TCP, or TLS over TCP
+  tls::Stream stream;  // TCP, TLS over TCP, or a Unix socket
   beast::flat_buffer buffer;
   bool connected = false;
 };
@@ -140,7 +184,7 @@ HttpClient::~HttpClient() = default;
 
 std::unique_ptr<HttpClient::Conn> HttpClient::take() {
   std::lock_guard lk(mu_);
-  if (idle_.empty()) return std::make_unique<Conn>(tls_);
+  if (idle_.empty()) return std::make_unique<Conn>(ep_, tls_);
   auto c = std::move(idle_.back());
   idle_.pop_back();
   return c;
@@ -159,7 +203,7 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     return out;
   }
   http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
-  req.set(http::field::host, ep_.host + ":" + ep_.port);
+  req.set(http::field::host, ep_.host_header());
   req.set(http::field::user_agent, user_agent());
   if (!ep_.token.empty()) req.set(http::field::authorization, "token " + ep_.token);
   if (body) {
@@ -179,8 +223,8 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     c->ioc.restart();
     std::string tls_error;
     auto do_exchange = [&] {
-      c->stream.tcp().expires_after(timeout + std::chrono::seconds(5));
       c->stream.visit([&](auto& s) {
+        beast::get_lowest_layer(s).expires_after(timeout + std::chrono::seconds(5));
         http::async_write(s, req, [&, ps = &s](beast::error_code wec, std::size_t) {
           if (wec) {
             ec = wec;
@@ -196,15 +240,14 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     tcp::resolver resolver(c->ioc);  // outlives run(): destroying it would cancel the resolve
     if (!c->connected) {
       c->stream.visit([&](auto& s) {
-        async_open(s, resolver, ep_, kConnectTimeout, [&](beast::error_code oec, std::string terr) {
+        async_open(s, resolver, ep_, kConnectTimeout, [&, ps = &s](beast::error_code oec, std::string terr) {
           if (oec) {
             ec = oec;
-            tls_error = std::move(terr);
+            tls_error = std::move(terr);  // a failed handshake or Unix connect, named
             return;
           }
           c->connected = true;
-          beast::error_code ignored;
-          c->stream.tcp().socket().set_option(tcp::no_delay(true), ignored);
+          set_no_delay(beast::get_lowest_layer(*ps));
           do_exchange();
         });
       });
@@ -273,7 +316,7 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
   auto backoff = std::chrono::milliseconds(200);
   while (!stopping_) {
     net::io_context ioc{1};
-    tls::Websocket wsock(tls_ctx, ioc);
+    tls::Websocket wsock(ep, tls_ctx, ioc);
     beast::flat_buffer buf;
     tcp::resolver resolver(ioc);
     std::string target = ep.base + "api/kgate/agent?agent=" + percent_encode(agent) + "&label=" + percent_encode(label);
@@ -292,7 +335,7 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
           r.set(http::field::user_agent, user_agent());
           if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
         }));
-        ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
+        ws.async_handshake(ep.host_header(), target, [&](beast::error_code hec) {
           if (hec) return void(ec = hec);
           beast::get_lowest_layer(ws).expires_never();
           ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
@@ -334,9 +377,9 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
 // KernelChannel
 
 struct KernelChannel::Impl {
-  explicit Impl(std::shared_ptr<ssl::context> tls) : ws(std::move(tls), ioc) {}
+  Impl(const Endpoint& ep, std::shared_ptr<ssl::context> tls) : ws(ep, std::move(tls), ioc) {}
   net::io_context ioc{1};
-  tls::Websocket ws;  // over TCP, or over TLS
+  tls::Websocket ws;  // over TCP, over TLS, or over a Unix socket
   beast::flat_buffer buf;
   std::deque<std::string> outq;
   bool writing = false;
@@ -353,7 +396,7 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
     error = "cannot open the kernel's websocket: " + tls_error;
     return false;
   }
-  impl_ = std::make_shared<Impl>(tls_ctx);
+  impl_ = std::make_shared<Impl>(ep, tls_ctx);
   kernel_ = kernel;
   auto impl = impl_;
   std::string target = ep.base + "api/kernels/" + kernel + "/channels?session_id=" + percent_encode(session);
@@ -372,7 +415,7 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
         if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
       }));
       ws.read_message_max(kMaxWsMessageBytes);
-      ws.async_handshake(ep.host + ":" + ep.port, target, [&](beast::error_code hec) {
+      ws.async_handshake(ep.host_header(), target, [&](beast::error_code hec) {
         if (hec) return void(ec = hec);
         beast::get_lowest_layer(ws).expires_never();
         ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));

@@ -1,7 +1,8 @@
 // kgate-mcp's side of a gateway: HTTP calls (kgate or any Jupyter server), the agent's liveness
 // websocket, and a kernel's channels websocket (for the outputs records do not keep: images).
 //
-// All three speak TLS (tls.hpp) when the endpoint is https.
+// All three speak TLS (tls.hpp) when the endpoint is https, and go over a Unix socket when it is
+// unix:///path.
 //
 // Threading: HttpClient is thread-safe (each call runs its own I/O on the calling thread, over
 // a pooled keep-alive connection).  AgentLink and KernelChannel each own one background thread
@@ -34,19 +35,23 @@ namespace kgate::mcp {
 struct Endpoint {
   std::string name;     // "" for the default gateway, else the gateways.toml name or the URL
   std::string url;      // as configured
-  std::string scheme;   // "http" or "https" (TLS, and wss:// for the websockets)
-  std::string host;
-  std::string port;
+  std::string scheme;   // "http", "https" (TLS, and wss:// for the websockets) or "unix"
+  std::string host;     // unix: "localhost" (the Host header)
+  std::string port;     // unix: ""
+  std::string socket_path;  // unix: the socket file
   std::string base;     // the base path, ends with '/'
   std::string token;
   bool verify = true;   // https: check the certificate and the host name
   std::string ca_file;  // https: trust this PEM bundle instead of the system store ("" = system)
   bool is_default = false;
   std::string display() const { return url; }
+  bool is_unix() const { return scheme == "unix"; }
+  // The HTTP Host header: host:port, or localhost for a Unix socket.
+  std::string host_header() const { return is_unix() ? host : host + ":" + port; }
 };
 
-// Parses http://host[:port][/base] (port 80) or https://host[:port][/base] (port 443); false
-// and `error` set if it is not such a URL.
+// Parses http://host[:port][/base] (port 80), https://host[:port][/base] (port 443) or
+// unix:///absolute/path/to.sock (base "/"); false and `error` set if it is not such a URL.
 bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error);
 
 struct HttpResult {

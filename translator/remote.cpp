@@ -131,6 +131,7 @@ std::string transport_message(const Endpoint& ep, const std::string& error, doub
     return "cannot reach " + ep.url + ": connection refused (is the gateway running, on that port?)";
   std::string what = starts_with(error, ep.url + ": ") ? error.substr(ep.url.size() + 2) : error;
   if (starts_with(what, "TLS: ")) return "cannot reach " + ep.url + ": " + what;  // names the failure itself
+  if (starts_with(what, "cannot connect to ")) return what;  // a unix:// socket: names the path and the fix
   if (contains(what, "Host not found") || contains(what, "not known") || contains(what, "resolve"))
     return "cannot reach " + ep.url + ": the name '" + ep.host + "' does not resolve (" + what + ")";
   if (contains(what, "unreachable") || contains(what, "No route"))

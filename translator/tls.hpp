@@ -1,7 +1,7 @@
 // TLS for https:// gateways: the client context (system CA store or ca_file, TLS >= 1.2, peer
 // verification on unless verify = false), SNI and host name checks per connection, and the
-// connection types HttpClient, AgentLink and KernelChannel use, each either plain TCP (http://)
-// or TLS over TCP (https://).
+// connection types HttpClient, AgentLink and KernelChannel use, each plain TCP (http://), TLS
+// over TCP (https://) or a Unix stream socket (unix:///path).
 #pragma once
 
 #include <chrono>
@@ -9,6 +9,7 @@
 #include <string>
 #include <variant>
 
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
@@ -24,6 +25,7 @@ namespace ssl = boost::asio::ssl;
 namespace beast = boost::beast;
 
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+using UnixStream = beast::basic_stream<net::local::stream_protocol>;
 
 // The client context for `ep` (null for http://).  With verify, peers are checked against the
 // system store, or against ca_file alone when it is set.  Null and `error` when ca_file cannot
@@ -40,35 +42,38 @@ bool set_peer(TlsStream& s, const Endpoint& ep, std::string& error);
 std::string handshake_message(const Endpoint& ep, TlsStream& s, const beast::error_code& ec,
                               std::chrono::milliseconds timeout);
 
-// A byte stream to a gateway: TCP, or TLS over TCP.  visit() hands the live alternative to a
-// generic lambda, so the code that uses it is written once.
-template <class Plain, class Tls>
+// A byte stream to a gateway: TCP, TLS over TCP, or a Unix socket.  visit() hands the live
+// alternative to a generic lambda, so the code that uses it is written once.
+template <class Plain, class Tls, class Unix>
 class Either {
  public:
-  // TLS when `ctx` is set (an https endpoint), else plain TCP.
-  Either(std::shared_ptr<ssl::context> ctx, net::io_context& ioc)
-      : ctx_(std::move(ctx)),
-        v_(ctx_ ? std::variant<Plain, Tls>(std::in_place_type<Tls>, ioc, *ctx_)
-                : std::variant<Plain, Tls>(std::in_place_type<Plain>, ioc)) {}
+  // A Unix socket for a unix:// endpoint, TLS when `ctx` is set (an https endpoint), else plain TCP.
+  Either(const Endpoint& ep, std::shared_ptr<ssl::context> ctx, net::io_context& ioc)
+      : ctx_(std::move(ctx)), v_(make(ep.is_unix(), ctx_.get(), ioc)) {}
   template <class F>
   decltype(auto) visit(F&& f) {
     return std::visit(std::forward<F>(f), v_);
   }
-  beast::tcp_stream& tcp() {
-    return visit([](auto& s) -> beast::tcp_stream& { return beast::get_lowest_layer(s); });
-  }
   bool is_tls() const { return v_.index() == 1; }
 
  private:
+  using Variant = std::variant<Plain, Tls, Unix>;
+  static Variant make(bool unix_socket, ssl::context* ctx, net::io_context& ioc) {
+    if (unix_socket) return Variant(std::in_place_type<Unix>, ioc);
+    if (ctx) return Variant(std::in_place_type<Tls>, ioc, *ctx);
+    return Variant(std::in_place_type<Plain>, ioc);
+  }
   std::shared_ptr<ssl::context> ctx_;  // outlives the stream that points at it
-  std::variant<Plain, Tls> v_;
+  Variant v_;
 };
 
-using Stream = Either<beast::tcp_stream, TlsStream>;
-using Websocket = Either<beast::websocket::stream<beast::tcp_stream>, beast::websocket::stream<TlsStream>>;
+using Stream = Either<beast::tcp_stream, TlsStream, UnixStream>;
+using Websocket = Either<beast::websocket::stream<beast::tcp_stream>, beast::websocket::stream<TlsStream>,
+                         beast::websocket::stream<UnixStream>>;
 
-// The TLS layer under a stream, or null for plain TCP.
+// The TLS layer under a stream, or null for plain TCP and Unix sockets.
 inline TlsStream* tls_layer(beast::tcp_stream&) { return nullptr; }
+inline TlsStream* tls_layer(UnixStream&) { return nullptr; }
 inline TlsStream* tls_layer(TlsStream& s) { return &s; }
 template <class Next>
 TlsStream* tls_layer(beast::websocket::stream<Next>& ws) {

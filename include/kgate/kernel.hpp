@@ -107,18 +107,24 @@ class Kernel {
   int connections() const { return connections_.load(); }
   // Since when the kernel exists, and how long since its last activity (a message from the
   // kernel on iopub, or a client's message sent to it): what idle culling measures.
-  Clock::time_point created_at() const noexcept { return created_; }
+  Clock::time_point created_at() const;
   Clock::duration idle_for() const;
   // The per-kernel idle timeout asked for at create time (POST /api/kernels
   // "kgate_cull_idle_timeout"): nullopt = the gateway's, 0 = never culled.  Fixed at start.
-  const std::optional<std::chrono::milliseconds>& cull_idle_timeout() const noexcept { return cull_idle_timeout_; }
+  std::optional<std::chrono::milliseconds> cull_idle_timeout() const;
+  // A warm-pool kernel (KernelManager::start with StartRequest::pooled) until it is handed out:
+  // hidden from get/list/count and from the observers.
+  bool pooled() const noexcept { return pooled_.load(); }
 
   // Written by the I/O thread only.
   void set_state(std::string state, std::string reason = {});
   void touch();  // last_activity = now
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
-  // Before the kernel is shared (KernelManager::start).
-  void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t) { cull_idle_timeout_ = t; }
+  // At start, or at hand-out from the pool (before anyone else sees the kernel).
+  void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t);
+  // At hand-out: the kernel's age and idle time start now; it becomes visible.
+  void handed_out();
+  void set_pooled(bool p) noexcept { pooled_.store(p); }
 
  private:
 
@@ -128,13 +134,14 @@ class Kernel {
   std::string state_ = "starting";
   std::string reason_;
   std::string last_activity_;
-  const Clock::time_point created_ = Clock::now();
+  Clock::time_point created_ = Clock::now();
   Clock::time_point last_touch_ = created_;
   std::optional<std::chrono::milliseconds> cull_idle_timeout_;
   std::filesystem::path connection_file_;
   ConnectionInfo conn_;
   int pid_ = -1;
   std::atomic<int> connections_{0};
+  std::atomic<bool> pooled_{false};
 };
 
 // Per-kernel limits and timeouts.  Defaults are documented in DEV.md.
@@ -157,6 +164,21 @@ struct StartRequest {
   std::filesystem::path cwd;                  // empty = kgate's cwd
   // Idle timeout of this kernel (overrides the gateway's): nullopt = the gateway's, 0 = never.
   std::optional<std::chrono::milliseconds> cull_idle_timeout;
+  // A warm-pool kernel: started hidden (not in get/list/count, nothing to the observers, its
+  // connection file named pool-<id>.json so `jupyter console --existing` does not pick it),
+  // until KernelManager::hand_out.  `on_pool_lost` runs on the I/O thread if it dies or is
+  // removed while still pooled.
+  bool pooled = false;
+  std::function<void(const std::string& id, const std::string& why)> on_pool_lost;
+};
+
+// What a pooled kernel takes on at hand-out (DEV.md "Warm pool"): run in the kernel as one
+// silent execute (no history, no execution count, no output) before anyone sees it.
+struct HandOut {
+  std::map<std::string, std::string> env;  // set in os.environ
+  std::filesystem::path cwd;               // os.chdir; empty = stays in kgate's cwd
+  std::optional<std::chrono::milliseconds> cull_idle_timeout;
+  std::chrono::milliseconds timeout{10000};  // the execute must answer within this
 };
 
 // What an idle cull may take, re-checked on the I/O thread when the cull happens (activity
@@ -208,6 +230,13 @@ class KernelManager {
   // `done(true)` when the shutdown began, `done(false)` when it no longer qualifies or is gone
   // (may be empty).
   void cull(const std::string& id, CullRequest req, std::function<void(bool)> done);
+
+  // Hands a ready pooled kernel out: applies `h` (HandOut), renames its connection file to
+  // kernel-<id>.json and makes it visible.  `done` gets the kernel, or an error (not pooled,
+  // not ready, gone, the execute failed or timed out: then the kernel is stopped and removed).
+  void hand_out(const std::string& id, HandOut h, std::function<void(StartResult)> done);
+  // A kernel by id, pooled ones included (the pool's own bookkeeping).
+  KernelPtr get_any(const std::string& id) const;
 
   KernelPtr get(const std::string& id) const;
   std::vector<KernelPtr> list() const;

@@ -124,6 +124,12 @@ def pid_alive(pid):
     return state not in ("Z", "X")
 
 
+def runtime_files(kg):
+    """The names in a daemon's runtime dir, without the warm pool's pool-<id>.json files (the
+    pool refills in the background: those come and go on their own)."""
+    return {n for n in os.listdir(kg.runtime_dir) if not n.startswith("pool-")}
+
+
 def wait_until(pred, timeout, interval=0.05):
     deadline = time.monotonic() + timeout
     while True:
@@ -665,12 +671,14 @@ class Kgate:
         return children_of(self.proc.pid) if self.proc else set()
 
     def kernel_pid(self, kernel_id, timeout=5):
-        """pid of the kernel process: a child of kgate whose argv names its connection file."""
+        """pid of the kernel process: a child of kgate whose argv names its connection file
+        (pool-<id>.json for a kernel handed out by the warm pool: the file was renamed after)."""
         needle = f"kernel-{kernel_id}.json"
+        needles = (needle, f"pool-{kernel_id}.json")
 
         def find():
             for pid in self.children():
-                if any(needle in arg for arg in cmdline_of(pid)):
+                if any(n in arg for arg in cmdline_of(pid) for n in needles):
                     return pid
             return None
 

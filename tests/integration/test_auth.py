@@ -8,7 +8,7 @@ import uuid
 import pytest
 import websocket
 
-from conftest import LISTEN_RE, KernelWS, _module_daemon, make_jupyter_env
+from conftest import LISTEN_RE, KernelWS, _module_daemon, make_jupyter_env, runtime_files
 
 TOKEN = "tok-" + uuid.uuid4().hex
 
@@ -35,13 +35,13 @@ def test_no_token_is_401(kgate_tok, path):
 
 
 def test_post_kernel_without_token_is_401_and_starts_nothing(kgate_tok):
-    before = set(os.listdir(kgate_tok.runtime_dir))
+    before = runtime_files(kgate_tok)
     status, _, body = kgate_tok.rest("POST", "/api/kernels", {"name": "python3"}, auth=False)
     if status == 201 and isinstance(body, dict) and "id" in body:
         kgate_tok._kernels.add(body["id"])
     assert status == 401, (status, body)
     time.sleep(0.3)
-    assert set(os.listdir(kgate_tok.runtime_dir)) == before
+    assert runtime_files(kgate_tok) == before
 
 
 def test_wrong_token_is_401(kgate_tok):
@@ -116,6 +116,8 @@ def test_non_loopback_with_token_starts(kgate_factory):
     assert status == 200, (status, body)
     status, _, body = kg.rest("GET", "/api/kernelspecs", auth=False)
     assert status == 401, (status, body)
+    # Without TLS it says what that means (test_server_tls.py: with TLS it does not).
+    assert any("travel in clear text" in ln and "warn" in ln for ln in kg.log_lines), kg.log_tail()
 
 
 # ---------------------------------------------------------------- Origin / Host
@@ -129,14 +131,14 @@ def test_foreign_origin_is_403(kgate, origin):
 
 
 def test_foreign_origin_post_is_403_and_starts_nothing(kgate):
-    before = set(os.listdir(kgate.runtime_dir))
+    before = runtime_files(kgate)
     status, _, body = kgate.rest("POST", "/api/kernels", {"name": "python3"},
                                  headers={"Origin": "http://evil.example"})
     if status == 201 and isinstance(body, dict) and "id" in body:
         kgate._kernels.add(body["id"])
     assert status == 403, (status, body)
     time.sleep(0.3)
-    assert set(os.listdir(kgate.runtime_dir)) == before
+    assert runtime_files(kgate) == before
 
 
 def test_foreign_origin_with_valid_token_is_still_403(kgate_tok):
@@ -172,13 +174,13 @@ def test_foreign_host_is_403(kgate, host):
 def test_dns_rebinding_page_is_refused(kgate):
     """What a rebinding page sends: its own name in both Host and Origin."""
     site = f"127.0.0.1.evil.example:{kgate.port}"
-    before = set(os.listdir(kgate.runtime_dir))
+    before = runtime_files(kgate)
     status, _, body = kgate.rest("POST", "/api/kernels", {"name": "python3"},
                                  headers={"Host": site, "Origin": f"http://{site}"})
     if status == 201 and isinstance(body, dict) and "id" in body:
         kgate._kernels.add(body["id"])
     assert status == 403, f"rebinding page started a kernel: {status} {body!r}"
-    assert set(os.listdir(kgate.runtime_dir)) == before
+    assert runtime_files(kgate) == before
 
 
 def test_localhost_host_ok(kgate):

@@ -18,7 +18,7 @@ MARKER = "interop-" + uuid.uuid4().hex
 
 
 class JupyterServer:
-    def __init__(self, root, gateway_url):
+    def __init__(self, root, gateway_url, extra_args=()):
         self.root = Path(root)
         self.port = free_port()
         self.notebook_dir = self.root / "nbroot"
@@ -37,7 +37,7 @@ class JupyterServer:
         self.args = [PYTHON, "-m", "jupyter_server", "--allow-root", "--no-browser",
                      f"--port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
                      "--ServerApp.token=", "--ServerApp.password=",
-                     "--ServerApp.disable_check_xsrf=True", f"--gateway-url={gateway_url}"]
+                     "--ServerApp.disable_check_xsrf=True", f"--gateway-url={gateway_url}", *extra_args]
         self.log_path = self.root / "jupyter_server.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.args, env=env, cwd=str(self.notebook_dir),

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from conftest import (DISPLAY_NAME, KERNEL_ARGV, NotJSON, assert_kernel_model,
-                      parse_model_time, wait_until)
+                      parse_model_time, runtime_files, wait_until)
 
 ISO_Z_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?Z$")
 
@@ -223,13 +223,13 @@ def test_kernel_create_default_spec(kgate, body):
 
 
 def test_kernel_create_unknown_spec(kgate):
-    before = set(os.listdir(kgate.runtime_dir))
+    before = runtime_files(kgate)
     status, _, body = kgate.rest("POST", "/api/kernels", {"name": "no-such-kernel"})
     if status == 201 and isinstance(body, dict) and "id" in body:
         kgate._kernels.add(body["id"])
     assert status in (400, 404), (status, body)
     assert_json_error(body, "POST unknown kernelspec")
-    assert set(os.listdir(kgate.runtime_dir)) == before
+    assert runtime_files(kgate) == before
 
 
 def test_kernel_create_invalid_json(kgate):
@@ -290,7 +290,7 @@ def _read_http_response(sock):
 
 
 def test_body_too_large_is_413(kgate):
-    before = set(os.listdir(kgate.runtime_dir))
+    before = runtime_files(kgate)
     size = 16 * 1024 * 1024 + 64 * 1024
     prefix = b'{"name": "python3", "pad": "'
     suffix = b'"}'
@@ -320,7 +320,7 @@ def test_body_too_large_is_413(kgate):
     except ValueError:
         err = NotJSON(data)
     assert_json_error(err, "413")
-    assert set(os.listdir(kgate.runtime_dir)) == before, "an oversized POST started a kernel"
+    assert runtime_files(kgate) == before, "an oversized POST started a kernel"
     # the daemon is still fine afterwards
     status, _, _ = kgate.rest("GET", "/api")
     assert status == 200

@@ -74,6 +74,9 @@ void expect_same_options(const GatewayOptions& a, const GatewayOptions& b) {
   KGATE_SAME(records.max_unseen_jobs);
   KGATE_SAME_COUNT(records.claim_grace);
   KGATE_SAME_COUNT(records.reply_grace);
+  KGATE_SAME(max_kernels);
+  KGATE_SAME(pool.size);
+  KGATE_SAME(pool.kernels);
 #undef KGATE_SAME
 #undef KGATE_SAME_COUNT
 }
@@ -120,6 +123,8 @@ GatewayOptions poisoned_options() {
   o.records.max_unseen_jobs = 1;
   o.records.claim_grace = std::chrono::milliseconds(1);
   o.records.reply_grace = std::chrono::milliseconds(1);
+  o.max_kernels = 1;
+  o.pool.size = 7;  // pool.kernels stays empty: the sample only shows it commented out
   return o;
 }
 
@@ -411,6 +416,26 @@ TEST(TokenFile, MissingFileIsAnError) {
 
 TEST(TokenFile, WrongType) {
   expect_config_error("[server]\ntoken_file = 1\n", "server.token_file");
+}
+
+TEST(LoadConfig, Pool) {
+  ConfigDir dir;
+  LoadResult r = load_text(dir, "[limits]\nmax_kernels = 0\n[pool]\nsize = 0\n[pool.kernels]\npython3 = 2\nir = 0\n");
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.opts.max_kernels, 0u);
+  EXPECT_EQ(r.opts.pool.size, 0u);
+  EXPECT_EQ(r.opts.pool.kernels, (std::map<std::string, std::size_t>{{"python3", 2}, {"ir", 0}}));
+}
+
+TEST(LoadConfig, PoolErrors) {
+  expect_config_error("[pool]\nsize = 17\n", "pool.size");
+  expect_config_error("[pool]\nsize = true\n", "pool.size");
+  expect_config_error("[pool]\nkernels = 3\n", "pool.kernels");
+  expect_config_error("[pool.kernels]\npython3 = 2.5\n", "pool.kernels.python3");
+  expect_config_error("[pool]\nsurprise = 1\n", "pool.surprise");
+  // 16 each is allowed, but not 64 in all.
+  expect_config_error("[pool]\nsize = 16\n[pool.kernels]\na = 16\nb = 16\nc = 16\nd = 1\n", "pool");
+  expect_config_error("[limits]\nmax_kernels = -1\n", "limits.max_kernels");
 }
 
 }  // namespace

@@ -160,7 +160,9 @@ TEST_F(CatalogTest, BarePythonResolvesToAnInterpreterWithIpykernel) {
   // No 3.9 with ipykernel here (Debian 12 has 3.11): not launchable, and says why.
   const CatalogEntry* p39 = c.find("py39");
   ASSERT_NE(p39, nullptr);
-  if (!p39->launchable) EXPECT_NE(p39->reason.find("no Python with ipykernel"), std::string::npos) << p39->reason;
+  if (!p39->launchable) {
+    EXPECT_NE(p39->reason.find("no Python with ipykernel"), std::string::npos) << p39->reason;
+  }
   // The hand-crafted spec for bin_with duplicates "py" (same interpreter, same argv): dropped.
   EXPECT_EQ(by_source(c, bin_with.string()), nullptr);
   // A default exists and is launchable.

@@ -81,7 +81,7 @@ TEST(Gateways, ResolveDefaultNameAndUrl) {
   EXPECT_FALSE(resolve_gateway(cfg, "nope", ep, err));
   EXPECT_NE(err.find("unknown gateway 'nope'"), std::string::npos);
   EXPECT_FALSE(resolve_gateway(cfg, "ftp://x/", ep, err));
-  EXPECT_NE(err.find("expected http or https"), std::string::npos);
+  EXPECT_NE(err.find("expected http, https or unix"), std::string::npos);
 }
 
 TEST(Gateways, HttpsUrls) {
@@ -105,6 +105,60 @@ TEST(Gateways, HttpsUrls) {
   EXPECT_NE(err.find("bad port"), std::string::npos);
   EXPECT_FALSE(parse_endpoint_url("https:///base", ep, err));
   EXPECT_NE(err.find("no host"), std::string::npos);
+}
+
+TEST(Gateways, UnixSocketUrls) {
+  Endpoint ep;
+  std::string err;
+  ASSERT_TRUE(parse_endpoint_url("unix:///run/user/1000/kgate/kgate.sock", ep, err)) << err;
+  EXPECT_EQ(ep.scheme, "unix");
+  EXPECT_TRUE(ep.is_unix());
+  EXPECT_EQ(ep.socket_path, "/run/user/1000/kgate/kgate.sock");
+  EXPECT_EQ(ep.host, "localhost");
+  EXPECT_EQ(ep.host_header(), "localhost");  // no port in the Host header
+  EXPECT_EQ(ep.base, "/");
+  ASSERT_TRUE(parse_endpoint_url("UNIX:///tmp/k.sock", ep, err)) << err;
+  EXPECT_EQ(ep.socket_path, "/tmp/k.sock");
+
+  EXPECT_FALSE(parse_endpoint_url("unix://tmp/k.sock", ep, err));  // two slashes: a relative path
+  EXPECT_NE(err.find("unix:///path/to/kgate.sock"), std::string::npos) << err;
+  EXPECT_FALSE(parse_endpoint_url("unix://", ep, err));
+  EXPECT_NE(err.find("no absolute socket path"), std::string::npos) << err;
+  EXPECT_FALSE(parse_endpoint_url("unix:///" + std::string(200, 'a') + ".sock", ep, err));
+  EXPECT_NE(err.find("too long"), std::string::npos) << err;
+
+  // The same Endpoint parsed again as http keeps nothing of the socket.
+  ASSERT_TRUE(parse_endpoint_url("http://h:1", ep, err)) << err;
+  EXPECT_FALSE(ep.is_unix());
+  EXPECT_EQ(ep.socket_path, "");
+  EXPECT_EQ(ep.host_header(), "h:1");
+}
+
+TEST(Gateways, UnixSocketGateways) {
+  Config cfg = parsed("[gateways.local]\nurl = \"unix:///tmp/kgate-test/kgate.sock\"\ntoken = \"t\"\n");
+  Endpoint ep;
+  std::string err;
+  ASSERT_TRUE(resolve_gateway(cfg, "local", ep, err)) << err;
+  EXPECT_TRUE(ep.is_unix());
+  EXPECT_EQ(ep.socket_path, "/tmp/kgate-test/kgate.sock");
+  EXPECT_EQ(ep.token, "t");
+  ASSERT_TRUE(resolve_gateway(cfg, "unix:///tmp/other.sock", ep, err)) << err;
+  EXPECT_EQ(ep.socket_path, "/tmp/other.sock");
+
+  // KGATE_URL=unix:///... is the default gateway.
+  const char* xdg = std::getenv("XDG_CONFIG_HOME");
+  std::string saved_xdg = xdg ? xdg : "";
+  const char* url = std::getenv("KGATE_URL");
+  std::string saved_url = url ? url : "";
+  ::setenv("XDG_CONFIG_HOME", "/nonexistent-kgate-test", 1);
+  ::setenv("KGATE_URL", "unix:///tmp/default.sock", 1);
+  ASSERT_TRUE(resolve_gateway(load_config(), "", ep, err)) << err;
+  EXPECT_TRUE(ep.is_default);
+  EXPECT_EQ(ep.socket_path, "/tmp/default.sock");
+  if (url) ::setenv("KGATE_URL", saved_url.c_str(), 1);
+  else ::unsetenv("KGATE_URL");
+  if (xdg) ::setenv("XDG_CONFIG_HOME", saved_xdg.c_str(), 1);
+  else ::unsetenv("XDG_CONFIG_HOME");
 }
 
 TEST(Gateways, TlsSettings) {

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# kgate kernel-start benchmark (issue 6's figures): POST /api/kernels to the first execute_reply with the
+# warm pool, cold, and on jupyter_server; POOL_CONCURRENT concurrent cold creates against one.
+# usage: bench/pool.sh [-h]
+#   env: KGATE_BIN (default <repo>/build/gateway/kgate), POOL_N=10, POOL_N_COLD=5, POOL_CONCURRENT=20,
+#        POOL_BUDGET=280 (s), POOL_OUT=bench/results/pool-latest.json, POOL_KEEP_TMP=1
+# Prints tables on stdout, progress on stderr, raw JSON to bench/results/pool-latest.json.
+# Exit status: 0 all steps ran, 1 a step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${1:-}" in
+  -h|--help) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "") ;;
+  *) echo "usage: bench/pool.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
+esac
+py=/usr/bin/python3   # Debian's python has jupyter_server/websocket-client; pyenv's does not
+if ! "$py" -c 'import jupyter_server, websocket' 2>/dev/null; then
+  echo "pool: $py lacks jupyter_server/websocket-client (run scripts/bootstrap.sh)" >&2
+  exit 2
+fi
+exec "$py" "$here/pool.py"

@@ -1,0 +1,91 @@
+// kgate proxy-kernel's pure pieces (see proxy_wire.hpp).
+#include "proxy_wire.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace kgate::gw::proxy {
+
+namespace {
+
+std::uint64_t get_u64le(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+bool is_dead(const json& k) { return k.is_object() && k.value("execution_state", "") == "dead"; }
+
+double number_or(const json& k, const char* key, double fallback) {
+  auto it = k.find(key);
+  return it != k.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+}  // namespace
+
+std::string choose_kernel(const json& kernels) {
+  if (!kernels.is_array()) return {};
+  const json* claimed = nullptr;
+  const json* newest = nullptr;
+  for (const auto& k : kernels) {
+    if (!k.is_object() || !k.contains("id") || !k["id"].is_string() || is_dead(k)) continue;
+    auto claim = k.find("claim");
+    if (claim != k.end() && claim->is_object() && claim->value("alive", false)) {
+      if (!claimed || number_or(k, "idle_seconds", 1e18) < number_or(*claimed, "idle_seconds", 1e18)) claimed = &k;
+    }
+    if (!newest) {
+      newest = &k;
+    } else if (k.contains("age_seconds") || newest->contains("age_seconds")) {
+      if (number_or(k, "age_seconds", 1e18) < number_or(*newest, "age_seconds", 1e18)) newest = &k;
+    } else if (k.value("last_activity", "") > newest->value("last_activity", "")) {  // ISO times sort as text
+      newest = &k;
+    }
+  }
+  if (claimed) return (*claimed)["id"].get<std::string>();
+  return newest ? (*newest)["id"].get<std::string>() : std::string();
+}
+
+std::string match_kernel(const json& kernels, const std::string& want, std::string& error) {
+  std::vector<std::string> hits;
+  if (kernels.is_array())
+    for (const auto& k : kernels) {
+      if (!k.is_object() || !k.contains("id") || !k["id"].is_string()) continue;
+      const auto& id = k["id"].get_ref<const std::string&>();
+      if (id == want) return id;
+      if (id.rfind(want, 0) == 0) hits.push_back(id);
+    }
+  if (hits.size() == 1) return hits.front();
+  error = hits.empty() ? "kgate kernel " + want + " is gone (no kernel has that id)"
+                       : "kernel id prefix " + want + " is ambiguous (" + std::to_string(hits.size()) +
+                             " kernels start with it): give more of the id";
+  return {};
+}
+
+std::string decode_v1_frame(std::string_view data, Channel& channel, WireMessage& out) {
+  auto p = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < 8) return "v1 frame too short";
+  std::uint64_t n = get_u64le(p);
+  if (n < 6 || n > 1024 || data.size() < 8 * (n + 1)) return "v1 frame: bad offset count";
+  std::vector<std::uint64_t> offs(n);
+  for (std::uint64_t i = 0; i < n; ++i) offs[i] = get_u64le(p + 8 * (i + 1));
+  for (std::uint64_t i = 0; i + 1 < n; ++i)
+    if (offs[i] < 8 * (n + 1) || offs[i] > offs[i + 1]) return "v1 frame: offsets out of order";
+  if (offs[n - 1] > data.size()) return "v1 frame: offsets past the end";
+  auto seg = [&](std::uint64_t i) { return data.substr(offs[i], offs[i + 1] - offs[i]); };
+  auto ch = parse_channel(seg(0));
+  if (!ch) return "v1 frame: unknown channel \"" + std::string(seg(0)) + "\"";
+  channel = *ch;
+  if (!json_depth_within(seg(1))) return "v1 frame: the header nests too deep";
+  json header = json::parse(seg(1), nullptr, false);
+  if (!header.is_object()) return "v1 frame: the header is not a JSON object";
+  out.header = std::string(seg(1));
+  std::string* dst[] = {&out.parent_header, &out.metadata, &out.content};
+  for (int i = 0; i < 3; ++i) {
+    auto s = seg(2 + i);
+    *dst[i] = s.empty() || s == "null" ? std::string("{}") : std::string(s);
+  }
+  for (std::uint64_t i = 5; i + 1 < n; ++i) out.buffers.emplace_back(seg(i));
+  return {};
+}
+
+}  // namespace kgate::gw::proxy
