@@ -240,6 +240,7 @@ struct KernelIo {
 
   // Readiness: a kernel_info_reply plus any iopub message since the request.
   std::string ready_msg_id;
+  std::uint64_t info_seq = 0;  // bumped per kernel_info_request: an older resend timer is stale
   bool ready_reply = false;
   bool iopub_seen = false;
   Clock::time_point ready_deadline;
@@ -527,12 +528,14 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
   k.ready_reply = false;
   send_internal(k, Channel::shell, "kernel_info_request", json::object());
   // Resend until both halves of readiness are seen: every request produces busy/idle on
-  // iopub, so a reply without iopub means the subscription was not live yet.
+  // iopub, so a reply without iopub means the subscription was not live yet (then the reply
+  // itself resends at once, see handle_message; this timer covers a kernel still starting).
   auto id = k.kernel->id();
   auto epoch = k.epoch;
-  after(std::chrono::milliseconds(k.ready_reply ? 200 : 500), [this, id, epoch] {
+  auto seq = ++k.info_seq;
+  after(std::chrono::milliseconds(500), [this, id, epoch, seq] {
     KernelIo* kk = find(id);
-    if (kk && kk->epoch == epoch) send_kernel_info(*kk);
+    if (kk && kk->epoch == epoch && kk->info_seq == seq) send_kernel_info(*kk);
   });
 }
 
@@ -767,6 +770,17 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
     if (m.msg_type == "kernel_info_reply" && m.parent_msg_id == k.ready_msg_id) {
       k.ready_reply = true;
       check_ready(k);
+      if ((k.phase == Phase::launching || k.phase == Phase::restarting) && !k.iopub_seen) {
+        // The kernel answers, but its busy/idle went out before our SUB was live: ask again
+        // soon (the kernel is up now) instead of at the 500 ms resend.
+        auto id = k.kernel->id();
+        auto epoch = k.epoch;
+        auto seq = k.info_seq;
+        after(std::chrono::milliseconds(20), [this, id, epoch, seq] {
+          KernelIo* kk = find(id);
+          if (kk && kk->epoch == epoch && kk->info_seq == seq && !kk->iopub_seen) send_kernel_info(*kk);
+        });
+      }
     }
     if (k.handout && m.parent_msg_id == k.handout->msg_id) {
       json content = json::parse(m.wire.content, nullptr, false);
