@@ -1,123 +1,34 @@
 """A stock jupyter_server 1.23 running with --gateway-url pointing at kgate, driven like a
 browser through its own REST API and websocket (assertions are on jupyter_server's answers)."""
 
-import http.client
-import json
 import os
-import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import DISPLAY_NAME, PYTHON, KernelWS, die_with_parent, free_port, wait_until
+from conftest import DISPLAY_NAME, PYTHON, free_port, wait_until
+from frontends import FrontEnd, private_env
 
 MARKER = "interop-" + uuid.uuid4().hex
 
 
-class JupyterServer:
+class JupyterServer(FrontEnd):
+    """`python3 -m jupyter_server --gateway-url=...`, no token of its own, notebooks in nbroot/."""
+
+    name = "jupyter_server"
+
     def __init__(self, root, gateway_url, extra_args=()):
-        self.root = Path(root)
+        root = Path(root)
         self.port = free_port()
-        self.notebook_dir = self.root / "nbroot"
+        self.notebook_dir = root / "nbroot"
         (self.notebook_dir / "nb").mkdir(parents=True)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("JUPYTER", "KERNEL_", "PYTHON", "KGATE_"))}
-        env.update({
-            "JUPYTER_PLATFORM_DIRS": "1",
-            "JUPYTER_NO_CONFIG": "1",
-            "JUPYTER_RUNTIME_DIR": str(self.root / "runtime"),
-            "JUPYTER_CONFIG_DIR": str(self.root / "config"),
-            "JUPYTER_DATA_DIR": str(self.root / "data"),
-            "JUPYTER_PATH": str(self.root / "share"),
-            "KERNEL_INTEROP_MARKER": MARKER,
-        })
-        self.args = [PYTHON, "-m", "jupyter_server", "--allow-root", "--no-browser",
-                     f"--port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
-                     "--ServerApp.token=", "--ServerApp.password=",
-                     "--ServerApp.disable_check_xsrf=True", f"--gateway-url={gateway_url}", *extra_args]
-        self.log_path = self.root / "jupyter_server.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, env=env, cwd=str(self.notebook_dir),
-                                     stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT,
-                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, n=60):
-        self.log.flush()
-        lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
-        return "jupyter_server log:\n" + "\n".join(lines)
-
-    def wait_ready(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"jupyter_server exited with {self.proc.returncode}\n{self.log_tail()}")
-            try:
-                status, _, _ = self.rest("GET", "/api", timeout=2)
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"jupyter_server not answering after {timeout}s\n{self.log_tail()}")
-
-    def http(self, method, path, body=None, timeout=60):
-        headers = {}
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
-        finally:
-            conn.close()
-
-    def rest(self, method, path, body=None, timeout=60):
-        status, headers, data = self.http(method, path, body, timeout)
-        try:
-            js = json.loads(data) if data else None
-        except ValueError:
-            js = data
-        return status, headers, js
-
-    def ws(self, kernel_id, session_id):
-        """Browser-like websocket to jupyter_server, usable once this returns.
-
-        No subprotocol is offered: the 1.23 relay selects none and websocket-client would
-        abort. The 1.23 relay drops messages that arrive before its own websocket to the
-        gateway is up (GatewayWebSocketClient.on_message waits on a Future that _connect
-        replaces), so like a browser we repeat kernel_info_request until one is answered."""
-        ws = KernelWS(f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-                      f"?session_id={session_id}", session_id=session_id, timeout=30)
-        deadline = time.monotonic() + 30
-        while True:
-            mid = ws.request("kernel_info_request")
-            try:
-                ws.wait_reply(mid, "kernel_info_reply", timeout=1)
-                break
-            except TimeoutError:
-                if time.monotonic() > deadline:
-                    ws.close()
-                    raise AssertionError("no kernel_info_reply through jupyter_server's relay "
-                                         f"within 30s\n{self.log_tail()}")
-        ws.backlog.clear()
-        return ws
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        args = [PYTHON, "-m", "jupyter_server", "--allow-root", "--no-browser",
+                f"--port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
+                "--ServerApp.token=", "--ServerApp.password=",
+                "--ServerApp.disable_check_xsrf=True", f"--gateway-url={gateway_url}", *extra_args]
+        super().__init__(root, args, private_env(root, KERNEL_INTEROP_MARKER=MARKER), self.notebook_dir)
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,8 @@ runs against a real kgate (with a token, given to Notebook as --GatewayClient.au
 Assertions are on what the front end answers and on what kgate then reports.
 """
 
-import http.client
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
@@ -35,8 +33,8 @@ from urllib.parse import quote
 import pytest
 
 from cdp import CHROMIUM, Chromium
-from conftest import (DISPLAY_NAME, PYTHON, KernelWS, _module_daemon, die_with_parent,
-                      free_port, wait_until)
+from conftest import DISPLAY_NAME, PYTHON, _module_daemon, free_port, wait_until
+from frontends import FrontEnd, private_env
 
 KGATE_TOKEN = "nb-attach-kgate-token-7d1e"
 NB_TOKEN = "nb-attach-notebook-token-93ab"  # Notebook's own token (guards its pages), not kgate's
@@ -63,84 +61,28 @@ NOTEBOOK_VERSION = notebook_available()
 # Notebook 6 in gateway mode
 # --------------------------------------------------------------------------
 
-class NotebookServer:
+class NotebookServer(FrontEnd):
     """`python3 -m notebook --gateway-url=...` with private HOME and JUPYTER_* dirs."""
 
+    name = "notebook"
+
     def __init__(self, root, gateway_url, gateway_token=None, token=NB_TOKEN):
-        self.root = Path(root)
+        root = Path(root)
         self.port = free_port()
-        self.token = token
-        self.notebook_dir = self.root / "notebooks"
+        self.notebook_dir = root / "notebooks"
         self.notebook_dir.mkdir(parents=True)
-        home = self.root / "home"
+        home = root / "home"
         home.mkdir()
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("JUPYTER", "KERNEL_", "PYTHON", "KGATE_", "IPYTHON"))}
-        env.update({
-            "HOME": str(home),
-            "IPYTHONDIR": str(home / ".ipython"),
-            "JUPYTER_NO_CONFIG": "1",
-            "JUPYTER_PLATFORM_DIRS": "1",
-            "JUPYTER_RUNTIME_DIR": str(self.root / "runtime"),
-            "JUPYTER_CONFIG_DIR": str(self.root / "config"),
-            "JUPYTER_DATA_DIR": str(self.root / "data"),
-            "JUPYTER_PATH": str(self.root / "share"),
-            # Notebook 6 passes KERNEL_* variables of its environment on to the gateway.
-            "KERNEL_NBATTACH_MARKER": MARKER,
-        })
-        self.args = [PYTHON, "-m", "notebook", "--allow-root", "--no-browser",
-                     "--ip=127.0.0.1", f"--port={self.port}", "--NotebookApp.port_retries=0",
-                     f"--NotebookApp.token={token}", "--NotebookApp.password=",
-                     f"--notebook-dir={self.notebook_dir}", f"--gateway-url={gateway_url}"]
+        # Notebook 6 passes KERNEL_* variables of its environment on to the gateway.
+        env = private_env(root, HOME=str(home), IPYTHONDIR=str(home / ".ipython"),
+                          KERNEL_NBATTACH_MARKER=MARKER)
+        args = [PYTHON, "-m", "notebook", "--allow-root", "--no-browser",
+                "--ip=127.0.0.1", f"--port={self.port}", "--NotebookApp.port_retries=0",
+                f"--NotebookApp.token={token}", "--NotebookApp.password=",
+                f"--notebook-dir={self.notebook_dir}", f"--gateway-url={gateway_url}"]
         if gateway_token is not None:
-            self.args.append(f"--GatewayClient.auth_token={gateway_token}")
-        self.log_path = self.root / "notebook.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, env=env, cwd=str(self.notebook_dir),
-                                     stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT,
-                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL))
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def log_tail(self, n=60):
-        self.log.flush()
-        lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
-        return "notebook log:\n" + "\n".join(lines)
-
-    def wait_ready(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"notebook exited with {self.proc.returncode}\n{self.log_tail()}")
-            try:
-                status, _, _ = self.rest("GET", "/api", timeout=2)
-                if status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"notebook not answering after {timeout}s\n{self.log_tail()}")
-
-    def http(self, method, path, body=None, timeout=60):
-        headers = {"Authorization": f"token {self.token}"}
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
-        finally:
-            conn.close()
-
-    def rest(self, method, path, body=None, timeout=60):
-        status, headers, data = self.http(method, path, body, timeout)
-        try:
-            js = json.loads(data) if data else None
-        except ValueError:
-            js = data
-        return status, headers, js
+            args.append(f"--GatewayClient.auth_token={gateway_token}")
+        super().__init__(root, args, env, self.notebook_dir, token=token)
 
     def new_session(self, path, kernel=None):
         status, _, model = self.rest("POST", "/api/sessions", {
@@ -148,39 +90,6 @@ class NotebookServer:
             "kernel": kernel or {"name": "python3"}})
         assert status == 201, f"POST /api/sessions on Notebook -> {status} {model!r}\n{self.log_tail()}"
         return model
-
-    def ws(self, kernel_id, session_id):
-        """A browser-like websocket to Notebook's relay, usable once this returns.
-
-        Like the browser, repeat kernel_info_request until one is answered: the relay drops what
-        arrives before its own websocket to the gateway is open."""
-        ws = KernelWS(f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-                      f"?session_id={session_id}&token={quote(self.token)}",
-                      session_id=session_id, timeout=30)
-        deadline = time.monotonic() + 30
-        while True:
-            mid = ws.request("kernel_info_request")
-            try:
-                ws.wait_reply(mid, "kernel_info_reply", timeout=1)
-                break
-            except TimeoutError:
-                if time.monotonic() > deadline:
-                    ws.close()
-                    raise AssertionError("no kernel_info_reply through Notebook's relay "
-                                         f"within 30s\n{self.log_tail()}")
-        ws.backlog.clear()
-        return ws
-
-    def stop(self, timeout=20):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        return self.proc.returncode
 
 
 def write_notebook(path, sources):
