@@ -575,6 +575,8 @@ def make_jupyter_env(root):
 
 
 class Kgate:
+    LISTEN_PATTERN = LISTEN_RE
+
     def __init__(self, binary, root, token=None, ip="127.0.0.1", extra_args=(), config=None):
         self.binary = binary
         self.root = Path(root)
@@ -612,7 +614,11 @@ class Kgate:
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         with self._log_lock:
             self.log_lines.append(f"[{tag}] {line}")
-        m = LISTEN_RE.search(line)
+        self._on_line(line)
+
+    def _on_line(self, line):
+        """Started once the listener's line is logged (subclasses: other listeners)."""
+        m = self.LISTEN_PATTERN.search(line)
         if m and self.port is None:
             self.port = int(m.group(2))
             self._listening.set()
@@ -700,7 +706,7 @@ class Kgate:
                 hdrs["Content-Type"] = "application/json"
         elif isinstance(body, str):
             body = body.encode("utf-8")
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn = self._connection(timeout)
         try:
             conn.request(method, path, body=body, headers=hdrs)
             resp = conn.getresponse()
@@ -708,6 +714,10 @@ class Kgate:
             return resp.status, resp.headers, data
         finally:
             conn.close()
+
+    def _connection(self, timeout):
+        """The HTTP connection http() uses (subclasses: https, a Unix socket)."""
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     def rest(self, method, path, body=None, headers=None, auth=True, timeout=60):
         """JSON request; returns (status, headers, json_or_None). A non-JSON body comes

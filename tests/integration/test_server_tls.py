@@ -56,19 +56,12 @@ class TlsKgate(Kgate):
     """A kgate with --certfile/--keyfile; it counts as started once it logged
     `listening on https://HOST:PORT/`, and http() speaks https trusting `cafile`."""
 
+    LISTEN_PATTERN = HTTPS_RE
+
     def __init__(self, binary, root, cert, key, **kw):
         kw["extra_args"] = ["--certfile", str(cert), "--keyfile", str(key)] + list(kw.get("extra_args", ()))
         super().__init__(binary, root, **kw)
         self.cafile = str(cert)
-
-    def _line(self, raw, tag):
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        with self._log_lock:
-            self.log_lines.append(f"[{tag}] {line}")
-        m = HTTPS_RE.search(line)
-        if m and self.port is None:
-            self.port = int(m.group(2))
-            self._listening.set()
 
     def start(self, timeout=10.0):
         super().start(timeout)
@@ -79,20 +72,8 @@ class TlsKgate(Kgate):
     def context(self):
         return ssl.create_default_context(cafile=self.cafile)
 
-    def http(self, method, path, body=None, headers=None, auth=True, timeout=60):
-        hdrs = dict(headers or {})
-        if auth and self.token and not any(k.lower() == "authorization" for k in hdrs):
-            hdrs["Authorization"] = f"token {self.token}"
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode("utf-8")
-            hdrs.setdefault("Content-Type", "application/json")
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=self.context())
-        try:
-            conn.request(method, path, body=body, headers=hdrs)
-            resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
-        finally:
-            conn.close()
+    def _connection(self, timeout):
+        return http.client.HTTPSConnection("127.0.0.1", self.port, timeout=timeout, context=self.context())
 
     def connect(self, kernel_id, session_id=None, **kw):
         """A wss KernelWS that trusts the certificate."""

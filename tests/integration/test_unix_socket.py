@@ -68,10 +68,7 @@ class UnixKgate(Kgate):
         self.sock = str(sock) if sock else None
         self.no_tcp = no_tcp
 
-    def _line(self, raw, tag):
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        with self._log_lock:
-            self.log_lines.append(f"[{tag}] {line}")
+    def _on_line(self, line):
         m = LISTEN_RE.search(line)
         if m and self.port is None:
             self.port = int(m.group(2))
@@ -80,20 +77,8 @@ class UnixKgate(Kgate):
             self.sock = self.sock or u.group(1)
             self._listening.set()
 
-    def http(self, method, path, body=None, headers=None, auth=True, timeout=60):
-        hdrs = dict(headers or {})
-        if auth and self.token and not any(k.lower() == "authorization" for k in hdrs):
-            hdrs["Authorization"] = f"token {self.token}"
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode("utf-8")
-            hdrs.setdefault("Content-Type", "application/json")
-        conn = UnixHTTPConnection(self.sock, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=hdrs)
-            resp = conn.getresponse()
-            return resp.status, resp.headers, resp.read()
-        finally:
-            conn.close()
+    def _connection(self, timeout):
+        return UnixHTTPConnection(self.sock, timeout=timeout)
 
     def ws(self, kernel_id, session_id=None, **kw):
         return unix_ws(self.sock, f"ws://localhost/api/kernels/{kernel_id}/channels", session_id=session_id, **kw)
