@@ -1,18 +1,14 @@
 // kgate proxy-kernel's pure pieces (see proxy_wire.hpp).
 #include "proxy_wire.hpp"
 
+#include "ws_codec.hpp"
+
 #include <cstdint>
 #include <vector>
 
 namespace kgate::gw::proxy {
 
 namespace {
-
-std::uint64_t get_u64le(const unsigned char* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
 
 bool is_dead(const json& k) { return k.is_object() && k.value("execution_state", "") == "dead"; }
 
@@ -62,16 +58,10 @@ std::string match_kernel(const json& kernels, const std::string& want, std::stri
 }
 
 std::string decode_v1_frame(std::string_view data, Channel& channel, WireMessage& out) {
-  auto p = reinterpret_cast<const unsigned char*>(data.data());
-  if (data.size() < 8) return "v1 frame too short";
-  std::uint64_t n = get_u64le(p);
-  if (n < 6 || n > 1024 || data.size() < 8 * (n + 1)) return "v1 frame: bad offset count";
-  std::vector<std::uint64_t> offs(n);
-  for (std::uint64_t i = 0; i < n; ++i) offs[i] = get_u64le(p + 8 * (i + 1));
-  for (std::uint64_t i = 0; i + 1 < n; ++i)
-    if (offs[i] < 8 * (n + 1) || offs[i] > offs[i + 1]) return "v1 frame: offsets out of order";
-  if (offs[n - 1] > data.size()) return "v1 frame: offsets past the end";
-  auto seg = [&](std::uint64_t i) { return data.substr(offs[i], offs[i + 1] - offs[i]); };
+  std::vector<std::string_view> parts;
+  if (auto e = split_v1(data, parts); !e.empty()) return e;
+  const std::size_t n = parts.size() + 1;  // offsets
+  auto seg = [&](std::size_t i) { return parts[i]; };
   auto ch = parse_channel(seg(0));
   if (!ch) return "v1 frame: unknown channel \"" + std::string(seg(0)) + "\"";
   channel = *ch;

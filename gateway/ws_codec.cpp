@@ -117,16 +117,10 @@ std::string decode_legacy_binary(std::string_view data, ClientMessage& out) {
 }
 
 std::string decode_v1(std::string_view data, ClientMessage& out) {
-  auto p = reinterpret_cast<const unsigned char*>(data.data());
-  if (data.size() < 8) return "v1 frame too short";
-  std::uint64_t n = get_u64le(p);
-  if (n < 6 || n > 1024 || data.size() < 8 * (n + 1)) return "v1 frame: bad offset count";
-  std::vector<std::uint64_t> offs(n);
-  for (std::uint64_t i = 0; i < n; ++i) offs[i] = get_u64le(p + 8 * (i + 1));
-  for (std::uint64_t i = 0; i + 1 < n; ++i)
-    if (offs[i] < 8 * (n + 1) || offs[i] > offs[i + 1]) return "v1 frame: offsets out of order";
-  if (offs[n - 1] > data.size()) return "v1 frame: offsets past the end";
-  auto seg = [&](std::uint64_t i) { return data.substr(offs[i], offs[i + 1] - offs[i]); };
+  std::vector<std::string_view> parts;
+  if (auto e = split_v1(data, parts); !e.empty()) return e;
+  const std::size_t n = parts.size() + 1;  // offsets
+  auto seg = [&](std::size_t i) { return parts[i]; };
   std::string channel(seg(0));
   auto ch = parse_channel(channel);
   if (!ch || *ch == Channel::iopub) return "unknown channel \"" + channel + "\"";
@@ -158,6 +152,21 @@ std::string decode_v1(std::string_view data, ClientMessage& out) {
 }
 
 }  // namespace
+
+std::string split_v1(std::string_view data, std::vector<std::string_view>& parts) {
+  auto p = reinterpret_cast<const unsigned char*>(data.data());
+  if (data.size() < 8) return "v1 frame too short";
+  std::uint64_t n = get_u64le(p);
+  if (n < 6 || n > 1024 || data.size() < 8 * (n + 1)) return "v1 frame: bad offset count";
+  std::vector<std::uint64_t> offs(n);
+  for (std::uint64_t i = 0; i < n; ++i) offs[i] = get_u64le(p + 8 * (i + 1));
+  for (std::uint64_t i = 0; i + 1 < n; ++i)
+    if (offs[i] < 8 * (n + 1) || offs[i] > offs[i + 1]) return "v1 frame: offsets out of order";
+  if (offs[n - 1] > data.size()) return "v1 frame: offsets past the end";
+  parts.clear();
+  for (std::uint64_t i = 0; i + 1 < n; ++i) parts.push_back(data.substr(offs[i], offs[i + 1] - offs[i]));
+  return {};
+}
 
 WsFrame encode_legacy(const KernelMessage& m) {
   if (m.wire.buffers.empty()) return WsFrame{legacy_json(m, true), false};

@@ -3,6 +3,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kgate/kernel.hpp"
 
@@ -24,6 +25,10 @@ WsFrame encode_legacy(const KernelMessage& m);
 // v1: u64le offset count, u64le offsets, then channel, header, parent, metadata, content,
 // buffers.
 WsFrame encode_v1(const KernelMessage& m);
+
+// The parts of a v1 frame, as views into `data`: channel, header, parent header, metadata,
+// content, then the buffers.  Returns "" or what is wrong with its offsets (at most 1024 parts).
+std::string split_v1(std::string_view data, std::vector<std::string_view>& parts);
 
 // Client -> kernel.  Either opcode is accepted for every layout: a legacy payload whose first
 // non-blank byte is '{' is JSON, anything else is legacy binary.  Returns "" on success, or a
