@@ -128,12 +128,12 @@ def tool(m, name, timeout=90, **args):
     return r["result"].get("isError", False), "\n".join(b.get("text", "") for b in r["result"]["content"])
 
 
-def finish(m):
-    """Closes kgate-mcp: its stderr, after checking that no token reached stdout or stderr."""
+def finish(m, token=TOKEN):
+    """Closes kgate-mcp: its stderr, after checking that `token` reached neither stdout nor stderr."""
     m.close(timeout=30)
     err, out = m.stderr_text(), m.stdout_text()
     m.kill()
-    assert TOKEN not in out and TOKEN not in err, f"the token was printed:\nstdout:\n{out}\nstderr:\n{err}"
+    assert token not in out and token not in err, f"the token was printed:\nstdout:\n{out}\nstderr:\n{err}"
     return err
 
 

@@ -25,7 +25,7 @@ import pytest
 import websocket
 
 from conftest import Kgate, make_jupyter_env
-from test_mcp_tls import start_mcp, tool
+from test_mcp_tls import finish, start_mcp, tool
 from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
 TOKEN = "kgate-server-tls-token-5e2a"
@@ -106,15 +106,6 @@ def config_home(tmp_path_factory, kgate_tls, certs):
         f'[gateways.insecure]\nurl = "{url}/"\ntoken = "{TOKEN}"\nverify = false\n\n'
         f'[gateways.pinned]\nurl = "{url}"\ntoken = "{TOKEN}"\nca_file = "{certs["a"][0]}"\n')
     return home
-
-
-def finish(m):
-    """Closes kgate-mcp: its stderr, after checking that the token was never printed."""
-    m.close(timeout=30)
-    err, out = m.stderr_text(), m.stdout_text()
-    m.kill()
-    assert TOKEN not in out and TOKEN not in err, f"the token was printed:\nstdout:\n{out}\nstderr:\n{err}"
-    return err
 
 
 def serve_fails(kgate_bin, tmp_path, *args, timeout=15):
@@ -204,7 +195,7 @@ def test_kgate_mcp_refuses_the_self_signed_certificate_by_default(mcp_bin, tmp_p
                 "set ca_file, or verify = false in gateways.toml for [gateways.strict]") in text, text
         m.ping(999)
     finally:
-        err = finish(m)
+        err = finish(m, TOKEN)
     assert WARNING not in err, err
 
 
@@ -219,7 +210,7 @@ def test_kgate_mcp_executes_over_https(mcp_bin, tmp_path, config_home, kgate_tls
         is_error, text = tool(m, "stop_kernel")
         assert "stopped kernel" in text, text
     finally:
-        err = finish(m)
+        err = finish(m, TOKEN)
     assert (WARNING in err) == (name == "insecure"), err
     status, _, body = kgate_tls.rest("GET", "/api/kernels")
     assert status == 200 and body == [], body
