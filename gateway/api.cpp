@@ -1,6 +1,7 @@
 // The REST surface: /api, /api/status, /api/kernels..., /api/kernelspecs..., /kernelspecs/...
 #include "api.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -27,6 +28,9 @@ json kernel_model_json(const KernelModel& m) {
             {"execution_state", m.execution_state},
             {"connections", m.connections}};
   if (!m.reason.empty()) j["reason"] = m.reason;
+  // kgate's own fields (jupyter_server has none of these; clients ignore unknown keys).
+  j["responsive"] = m.responsive;
+  if (!m.responsive && m.execution_state != "dead") j["silent_seconds"] = std::round(m.silent_seconds * 10) / 10;
   return j;
 }
 
@@ -369,14 +373,52 @@ Response json_response(const Request& req, http::status status, const std::strin
 
 Response json_error(const Request& req, http::status status, const std::string& message) {
   json j = {{"message", message}, {"reason", reason_phrase(status)}};
-  return json_response(req, status, j.dump());
+  // A message may quote what the client sent (a path, a header): never let a byte that is not
+  // UTF-8 turn an error reply into an exception.
+  return json_response(req, status, j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+bool valid_utf8(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n;
+    std::uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if (c >= 0xc2 && c <= 0xdf) { n = 1; cp = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { n = 2; cp = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { n = 3; cp = c & 0x07; }
+    else return false;  // a continuation byte first, an overlong 0xc0/0xc1, or past U+10FFFF
+    if (s.size() - i <= n) return false;  // cut short
+    for (std::size_t k = 1; k <= n; ++k) {
+      auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (b & 0x3f);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
+      return false;  // overlong, out of range, or a surrogate
+    i += n + 1;
+  }
+  return true;
 }
 
 bool split_target(std::string_view target, std::string& path, std::string& query) {
   auto q = target.find('?');
   std::string_view raw = target.substr(0, q);
   query = q == std::string_view::npos ? "" : std::string(target.substr(q + 1));
-  return percent_decode(raw, path, false);
+  if (!percent_decode(raw, path, false) || !valid_utf8(path)) return false;
+  // Every query key and value must decode to UTF-8 too: they end up in JSON replies and records.
+  std::string part;
+  for (std::size_t i = 0; i <= query.size();) {
+    auto amp = std::min(query.find('&', i), query.size());
+    auto kv = std::string_view(query).substr(i, amp - i);
+    auto eq = kv.find('=');
+    if (!percent_decode(kv.substr(0, eq), part, true) || !valid_utf8(part)) return false;
+    if (eq != std::string_view::npos && (!percent_decode(kv.substr(eq + 1), part, true) || !valid_utf8(part)))
+      return false;
+    i = amp + 1;
+  }
+  return true;
 }
 
 std::string query_param(std::string_view query, std::string_view key) {
@@ -449,7 +491,8 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
 void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
   std::string path, query;
   if (!split_target(req.target(), path, query)) {
-    respond(json_error(req, http::status::bad_request, "The request path is not valid"));
+    respond(json_error(req, http::status::bad_request,
+                       "The request target is not valid: a bad %-escape, or one that does not decode to UTF-8"));
     return;
   }
   const std::string& base = server.options().base_url;

@@ -72,8 +72,9 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
     if (section != "server" && section != "limits" && section != "kernel" && section != "records" &&
         section != "discovery" && section != "culling" && section != "pool")
       r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
-    for (auto& [k, node] : *sec) {
-      std::string key(k.str());
+    for (auto& entry : *sec) {
+      const toml::node& node = entry.second;  // not a structured binding: lambdas below capture it
+      std::string key(entry.first.str());
       std::string full = section + "." + key;
       if (section == "server") {
         if (key == "ip") opts.ip = r.str(node, full);

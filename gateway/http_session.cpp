@@ -125,12 +125,28 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
     res.keep_alive(false);
     return write(std::move(res));
   }
+  // No request may take the daemon down: an exception from a handler is the client's 500.
+  std::string what = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
+  try {
+    dispatch(std::move(req));
+  } catch (const std::exception& e) {
+    spdlog::error("internal error serving {}: {}", what, e.what());
+    Request bare;
+    bare.version(11);
+    bare.keep_alive(false);
+    write(json_error(bare, http::status::internal_server_error, std::string("kgate: internal error: ") + e.what()));
+  }
+}
+
+void HttpSession::dispatch(http::request<http::string_body> req) {
   if (auto refusal = check_request(server_, req, RequestContext{peer_loopback_, is_unix(stream_)}))
     return write(std::move(*refusal));
 
   if (websocket::is_upgrade(req)) {
     std::string path, query;
-    split_target(req.target(), path, query);
+    if (!split_target(req.target(), path, query))
+      return write(json_error(req, http::status::bad_request,
+                              "The request target is not valid: a bad %-escape, or one that does not decode to UTF-8"));
     const std::string& base = server_.options().base_url;
     std::string rel = path.substr(0, base.size()) == base ? path.substr(base.size()) : "";
     auto hand_over = [this] {

@@ -23,6 +23,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void on_handshake(beast::error_code ec, std::size_t used);
   void do_read();
   void on_read(beast::error_code ec, std::size_t n);
+  void dispatch(http::request<http::string_body> req);  // a request read and checked for the TLS/Unix refusals
   void write(http::response<http::string_body> res);
   void on_write(bool keep_alive, beast::error_code ec, std::size_t n);
   void do_close();

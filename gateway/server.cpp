@@ -3,6 +3,7 @@
 
 #include <csignal>
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
@@ -31,6 +32,10 @@ Server::Server(GatewayOptions opts)
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
   ensure_private_dir(opts_.runtime_dir);
+  // A kgate that was killed (kill -9, a crash, the OOM killer) left its connection files.
+  if (auto stale = remove_stale_connection_files(opts_.runtime_dir); !stale.empty())
+    spdlog::info("removed {} stale connection file{} of a kgate that is gone, in {}: {}", stale.size(),
+                 stale.size() == 1 ? "" : "s", opts_.runtime_dir.string(), fmt::join(stale, ", "));
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
@@ -88,7 +93,16 @@ void Server::run() {
   pool_->configure();  // the first warm kernels start once the catalog is known
   arm_hup();
   notify_ready(endpoint_, opts_.base_url);  // sd_notify READY=1; a no-op outside systemd
-  ioc_.run();
+  // The last line of defence: a handler that throws is a bug (each HTTP request has its own
+  // catch, HttpSession::on_read), but it must not stop the daemon and every kernel with it.
+  for (;;) {
+    try {
+      ioc_.run();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::error("internal error (a bug, please report it): {}; kgate goes on", e.what());
+    }
+  }
 }
 
 void Server::stop() {

@@ -10,6 +10,7 @@ PKGS=(
   python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib python3-venv
   jupyter-console python3-notebook chromium libstb-dev libsimdjson-dev procps
   libsystemd-dev systemd openssl
+  clang libclang-rt-14-dev llvm wrk
 )
 
 missing=()

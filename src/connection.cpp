@@ -2,6 +2,7 @@
 #include "kgate/connection.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -221,6 +222,107 @@ void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+namespace {
+
+// The state letter and start time of `pid` from /proc/<pid>/stat; false when there is none.
+bool proc_stat(int pid, char& state, unsigned long long& start) {
+  if (pid <= 0) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return false;
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so count from the last ')'.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 3) state = field.empty() ? '?' : field[0];
+    if (i == 22) {  // field 22: starttime
+      start = std::strtoull(field.c_str(), nullptr, 10);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+unsigned long long process_start_time(int pid) {
+  char state = '?';
+  unsigned long long start = 0;
+  return proc_stat(pid, state, start) ? start : 0;
+}
+
+namespace {
+constexpr std::string_view kOwnerPrefix = ".kgate-owner-";
+fs::path owner_path(const fs::path& dir, const std::string& id) {
+  return dir / (std::string(kOwnerPrefix) + id + ".json");
+}
+}  // namespace
+
+void write_owner_file(const fs::path& runtime_dir, const std::string& id) {
+  const json j = {{"kgate_pid", ::getpid()}, {"kgate_pid_start", process_start_time(::getpid())}};
+  const fs::path path = owner_path(runtime_dir, id);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) fail(path, "cannot create: " + errno_text(errno));
+  try {
+    write_all(fd, j.dump() + "\n", path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+}
+
+void remove_owner_file(const fs::path& runtime_dir, const std::string& id) {
+  std::error_code ec;
+  fs::remove(owner_path(runtime_dir, id), ec);
+}
+
+std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  std::vector<fs::path> owners;
+  for (fs::directory_iterator it(runtime_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(kOwnerPrefix, 0) == 0 && name.size() > kOwnerPrefix.size() + 5 &&
+        name.compare(name.size() - 5, 5, ".json") == 0)
+      owners.push_back(it->path());
+  }
+  for (auto& file : owners) {
+    const std::string name = file.filename().string();
+    const std::string id = name.substr(kOwnerPrefix.size(), name.size() - kOwnerPrefix.size() - 5);
+    std::ifstream in(file, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    const json j = json::parse(text.str(), nullptr, false);
+    if (!j.is_object()) continue;
+    auto pid = j.find("kgate_pid");
+    auto start = j.find("kgate_pid_start");
+    if (pid == j.end() || !pid->is_number_integer() || start == j.end() || !start->is_number_unsigned()) continue;
+    const int owner = pid->get<int>();
+    if (owner <= 0) continue;
+    // The owner is alive when its pid names a running process that started when it did. A
+    // zombie (killed, not yet reaped by its parent) is gone too.
+    bool alive;
+    char state = '?';
+    unsigned long long started = 0;
+    if (proc_stat(owner, state, started))
+      alive = state != 'Z' && state != 'X' &&
+              (start->get<unsigned long long>() == 0 || started == start->get<unsigned long long>());
+    else
+      alive = fs::exists("/proc/self") ? false : (::kill(owner, 0) == 0 || errno == EPERM);
+    if (alive) continue;
+    for (const std::string prefix : {"kernel-", "pool-"}) {
+      const std::string conn = prefix + id + ".json";
+      if (fs::remove(runtime_dir / conn, ec)) removed.push_back(conn);
+      ec.clear();
+    }
+    fs::remove(file, ec);
+  }
+  return removed;
 }
 
 // ---- Jupyter directories ---------------------------------------------------------------

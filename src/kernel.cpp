@@ -92,6 +92,9 @@ KernelModel Kernel::model() const {
   m.last_activity = last_activity_;
   m.connections = connections_.load();
   m.reason = reason_;
+  m.responsive = responsive_ && state_ != "dead";
+  if (!responsive_ && state_ != "dead")
+    m.silent_seconds = std::chrono::duration<double>(Clock::now() - silent_since_).count();
   return m;
 }
 
@@ -119,6 +122,12 @@ void Kernel::set_state(std::string state, std::string reason) {
   std::lock_guard lk(mu_);
   state_ = std::move(state);
   reason_ = std::move(reason);
+}
+
+void Kernel::set_responsive(bool responsive, Clock::time_point silent_since) {
+  std::lock_guard lk(mu_);
+  responsive_ = responsive;
+  silent_since_ = silent_since;
 }
 
 void Kernel::touch() {
@@ -276,6 +285,7 @@ struct KernelIo {
   int hb_misses = 0;
   bool hb_warned = false;
   std::uint64_t hb_seq = 0;
+  std::chrono::steady_clock::time_point hb_silent_since;  // the first unanswered ping
 
   bool sockets_open() const { return shell != nullptr; }
 };
@@ -454,6 +464,7 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
   k.hb_waiting = false;
   k.hb_misses = 0;
   k.hb_warned = false;
+  k.kernel->set_responsive(true);  // a new process: not judged until it misses pings
 }
 
 void KernelManager::Impl::close_sockets(KernelIo& k) {
@@ -816,11 +827,13 @@ void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t ep
     ++k->hb_misses;
     if (k->hb_misses >= opts.heartbeat_misses && !k->hb_warned) {
       k->hb_warned = true;
-      spdlog::warn("kernel {}: no heartbeat for {} s (process {} still running)", id,
-                   k->hb_misses * opts.heartbeat_interval.count() / 1000, k->proc.pid());
+      k->kernel->set_responsive(false, k->hb_silent_since);
+      spdlog::warn("kernel {}: unresponsive: no heartbeat for {} ms (process {} still running)", id,
+                   k->hb_misses * opts.heartbeat_interval.count(), k->proc.pid());
     }
   }
   std::string ping = std::to_string(++k->hb_seq);
+  if (!k->hb_waiting) k->hb_silent_since = std::chrono::steady_clock::now();
   if (k->hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k->hb_waiting = true;
   after(opts.heartbeat_interval, [this, id, epoch] { heartbeat_tick(id, epoch); });
 }
@@ -829,7 +842,10 @@ void KernelManager::Impl::on_hb(KernelIo& k) {
   zmq::message_t msg;
   while (k.hb->recv(msg, zmq::recv_flags::dontwait)) {
     k.hb_waiting = false;
-    if (k.hb_warned) spdlog::info("kernel {}: heartbeat is back", k.kernel->id());
+    if (k.hb_warned) {
+      k.kernel->set_responsive(true);
+      spdlog::info("kernel {}: heartbeat is back", k.kernel->id());
+    }
     k.hb_misses = 0;
     k.hb_warned = false;
   }
@@ -959,6 +975,7 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
     std::lock_guard lk(kmu);
     kernels.erase(id);
   }
+  remove_owner_file(runtime_dir, id);
   io.erase(id);  // k is gone from here on
   spdlog::info("kernel {}: removed", id);
   if (kernel->pooled()) {
@@ -1157,6 +1174,7 @@ void KernelManager::start(StartRequest req, std::function<void(StartResult)> don
     }
     kernel->touch();
     try {
+      write_owner_file(m.runtime_dir, kernel->id());  // a later kgate can tell its files are stale
       m.launch(ref, /*fresh_ports=*/true);
     } catch (const std::exception& e) {
       m.fail_start(ref, e.what());

@@ -890,6 +890,9 @@ ToolReply Translator::server_status(Call&) {
   if (k.status == 404) return text_reply(out + " — gone (connect to create or attach to another)");
   json kj = k.json_body();
   out += "\nstate: " + kj.value("execution_state", "?");
+  if (kj.value("responsive", true) == false && kj.value("execution_state", "") != "dead")
+    out += " — UNRESPONSIVE: no heartbeat for " + fmt_seconds(kj.value("silent_seconds", 0.0)) +
+           " s (the process is stopped or frozen: send it SIGCONT, or restart the kernel)";
   if (kj.contains("running_job") && kj["running_job"].is_string()) out += "\nrunning: " + kj["running_job"].get<std::string>();
   if (kj.contains("claim") && kj["claim"].is_object()) {
     auto& cl = kj["claim"];

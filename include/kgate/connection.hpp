@@ -36,6 +36,23 @@ ConnectionInfo load_connection_info(const std::filesystem::path& path);
 // Throws std::runtime_error on failure.
 void write_connection_file(const std::filesystem::path& path, const ConnectionInfo& info);
 
+// The start time of process `pid` (Linux: /proc/<pid>/stat, clock ticks since boot); 0 when it
+// does not exist or the platform cannot tell.  With the pid it names one process, reuse or not.
+unsigned long long process_start_time(int pid);
+
+// Which kgate owns kernel `id`'s connection file: `<runtime_dir>/.kgate-owner-<id>.json`
+// (0600) holds this process's pid and start time.  It is a file of its own because ipykernel
+// rewrites the connection file it is given, dropping keys it does not know.
+void write_owner_file(const std::filesystem::path& runtime_dir, const std::string& id);
+void remove_owner_file(const std::filesystem::path& runtime_dir, const std::string& id);
+
+// For every owner file in `runtime_dir` whose kgate is gone (no such process, a zombie, or a
+// pid since reused: another start time), removes kernel-<id>.json, pool-<id>.json and the owner
+// file: a kgate that was killed (kill -9, a crash) cannot remove its own.  Files of a live kgate,
+// and connection files without an owner file (other programs'), are left alone.  Returns the
+// connection files removed.
+std::vector<std::string> remove_stale_connection_files(const std::filesystem::path& runtime_dir);
+
 // $JUPYTER_DATA_DIR, else ${XDG_DATA_HOME:-~/.local/share}/jupyter.
 std::filesystem::path jupyter_data_dir();
 // $JUPYTER_RUNTIME_DIR, else jupyter_data_dir()/runtime (jupyter_core's rule).

@@ -82,6 +82,10 @@ struct KernelModel {
   std::string last_activity;    // "%Y-%m-%dT%H:%M:%S.%fZ"
   int connections = 0;
   std::string reason;           // why it is dead, when it is
+  // The heartbeat's verdict: false once heartbeat_misses pings in a row went unanswered (a
+  // stopped or wedged process), true again at the next answer; false when dead.
+  bool responsive = true;
+  double silent_seconds = 0;    // when not responsive and alive: since the first unanswered ping
 };
 
 // One kernel.  Created and driven by KernelManager; the gateway reads its model (from any
@@ -118,6 +122,8 @@ class Kernel {
 
   // Written by the I/O thread only.
   void set_state(std::string state, std::string reason = {});
+  // The heartbeat: `silent_since` is when the first unanswered ping was sent.
+  void set_responsive(bool responsive, Clock::time_point silent_since = {});
   void touch();  // last_activity = now
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
@@ -133,6 +139,8 @@ class Kernel {
   mutable std::mutex mu_;
   std::string state_ = "starting";
   std::string reason_;
+  bool responsive_ = true;
+  Clock::time_point silent_since_{};
   std::string last_activity_;
   Clock::time_point created_ = Clock::now();
   Clock::time_point last_touch_ = created_;

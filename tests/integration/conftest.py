@@ -126,8 +126,9 @@ def pid_alive(pid):
 
 def runtime_files(kg):
     """The names in a daemon's runtime dir, without the warm pool's pool-<id>.json files (the
-    pool refills in the background: those come and go on their own)."""
-    return {n for n in os.listdir(kg.runtime_dir) if not n.startswith("pool-")}
+    pool refills in the background: those come and go on their own) and without kgate's
+    .kgate-owner-<id>.json files (one per kernel, pooled ones too)."""
+    return {n for n in os.listdir(kg.runtime_dir) if not n.startswith(("pool-", ".kgate-owner-"))}
 
 
 def wait_until(pred, timeout, interval=0.05):

@@ -66,6 +66,30 @@ def test_unknown_api_path_is_404(kgate):
     assert status == 404, (status, body)
 
 
+@pytest.mark.parametrize("target", [
+    "/api/kerne%FFlspecs/python3",            # found by fuzz_http: it used to stop the daemon
+    "/api/kernels/%C0%AF",                    # an overlong '/'
+    "/api/kgate/jobs?kernel=%FF%FE&wait=0",   # a query value
+    "/api/kgate/jobs?%ED%A0%80=1",            # a query key: a UTF-16 surrogate
+    "/api/kernels/%",                         # a bad escape
+])
+def test_target_that_is_not_utf8_is_400_and_kgate_goes_on(kgate, target):
+    status, _, body = kgate.rest("GET", target)
+    assert status == 400, (target, status, body)
+    assert "UTF-8" in body["message"], body
+    status, _, body = kgate.rest("GET", "/api")
+    assert status == 200, "kgate stopped serving after a bad target"
+
+
+def test_websocket_upgrade_with_a_target_that_is_not_utf8_is_400(kgate, shared_kernel):
+    status, _, body = kgate.rest("GET", f"/api/kernels/{shared_kernel}/channels?session_id=%C0%80",
+                                 headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                          "Sec-WebSocket-Version": "13",
+                                          "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    assert status == 400 and "UTF-8" in body["message"], (status, body)
+    assert kgate.rest("GET", "/api")[0] == 200
+
+
 def test_empty_authorization_token_is_ignored_without_auth(kgate):
     """jupyter_server's GatewayClient always sends `Authorization: token <tok>`, even with an
     empty token (reference 5.2 item 6). Without --token that must not be rejected."""

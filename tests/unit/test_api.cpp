@@ -69,6 +69,30 @@ TEST(SplitTarget, BadEscapesAreRejected) {
 
 // ---- query_param -------------------------------------------------------------------------
 
+TEST(SplitTarget, WhatDoesNotDecodeToUtf8IsRejected) {
+  std::string path, query;
+  for (const char* t : {"/api/kerne%FFlspecs", "/%C0%AF", "/%E2%98", "/%ED%A0%80", "/%F4%90%80%80",
+                        "/a?x=%FF", "/a?%FE=1", "/a?x=1&y=%C3", "/\xff"}) {
+    EXPECT_FALSE(split_target(t, path, query)) << t;
+  }
+  ASSERT_TRUE(split_target("/%E2%98%83?x=%F0%9F%94%91&y=caf%C3%A9", path, query));
+  EXPECT_EQ(path, "/\xe2\x98\x83");
+}
+
+TEST(ValidUtf8, Cases) {
+  EXPECT_TRUE(valid_utf8(""));
+  EXPECT_TRUE(valid_utf8("plain ascii"));
+  EXPECT_TRUE(valid_utf8("caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x94\x91 \xf4\x8f\xbf\xbf"));
+  EXPECT_FALSE(valid_utf8("\xff"));
+  EXPECT_FALSE(valid_utf8("\x80"));              // a continuation byte first
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));          // overlong '/'
+  EXPECT_FALSE(valid_utf8("\xe0\x80\xaf"));      // overlong, 3 bytes
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // past U+10FFFF
+  EXPECT_FALSE(valid_utf8("\xe2\x98"));          // cut short
+  EXPECT_FALSE(valid_utf8("\xc3("));              // a bad continuation
+}
+
 TEST(QueryParam, Values) {
   EXPECT_EQ(query_param("token=abc", "token"), "abc");
   EXPECT_EQ(query_param("a=1&token=abc&b=2", "token"), "abc");

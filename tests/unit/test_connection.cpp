@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -348,6 +349,75 @@ TEST(Ids, UuidFormatAndUniqueness) {
 }
 
 // ---- interop with jupyter_client -------------------------------------------------------
+
+// ---- stale files of a kgate that is gone -----------------------------------------------
+
+// A pid that no longer names a process: a child that exited and was reaped.
+int dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+TEST(StaleFiles, ProcessStartTime) {
+  EXPECT_GT(process_start_time(::getpid()), 0u);
+  EXPECT_EQ(process_start_time(::getpid()), process_start_time(::getpid()));
+  EXPECT_EQ(process_start_time(dead_pid()), 0u);
+  EXPECT_EQ(process_start_time(0), 0u);
+}
+
+TEST(StaleFiles, OnlyFilesOfAGoneKgateAreRemoved) {
+  TempDir dir{"kgate-stale"};
+  // A kernel's connection file, and its owner file naming `pid` started at `start`.
+  auto kernel = [&](const std::string& id, int pid, unsigned long long start, const char* prefix = "kernel-") {
+    write_connection_file(dir.path() / (prefix + id + ".json"), sample_info());
+    std::ofstream(dir.path() / (".kgate-owner-" + id + ".json"))
+        << json{{"kgate_pid", pid}, {"kgate_pid_start", start}}.dump();
+  };
+  const unsigned long long me = process_start_time(::getpid());
+  kernel("dead", dead_pid(), 99);                // its kgate is gone
+  kernel("pooled", dead_pid(), 99, "pool-");     // a warm-pool file, same
+  kernel("reused", ::getpid(), me + 1);          // the pid was reused by another process
+  kernel("live", ::getpid(), me);                // a live kgate's (this process)
+  write_connection_file(dir.path() / "kernel-other.json", sample_info());  // no owner: not kgate's
+  std::ofstream(dir.path() / ".kgate-owner-garbage.json") << "{not json";
+  // write_owner_file names this process
+  write_owner_file(dir.path(), "mine");
+  write_connection_file(dir.path() / "kernel-mine.json", sample_info());
+  EXPECT_EQ(read_file(dir.path() / ".kgate-owner-mine.json"),
+            json({{"kgate_pid", ::getpid()}, {"kgate_pid_start", me}}).dump() + "\n");
+  // A kgate killed but not yet reaped by its parent is a zombie: gone as well.
+  const pid_t zombie = ::fork();
+  if (zombie == 0) ::_exit(0);
+  ASSERT_GT(zombie, 0);
+  unsigned long long zombie_start = 0;
+  for (int i = 0; i < 200 && !zombie_start; ++i) zombie_start = process_start_time(zombie);
+  kernel("zombie", zombie, zombie_start);
+  for (int i = 0; i < 500; ++i) {  // until it has exited (state Z), without reaping it
+    std::ifstream st("/proc/" + std::to_string(zombie) + "/stat");
+    std::string line;
+    std::getline(st, line);
+    if (line.find(") Z ") != std::string::npos) break;
+    ::usleep(2000);
+  }
+  auto removed = remove_stale_connection_files(dir.path());
+  int status = 0;
+  ::waitpid(zombie, &status, 0);
+  std::set<std::string> got(removed.begin(), removed.end());
+  EXPECT_EQ(got, (std::set<std::string>{"kernel-dead.json", "pool-pooled.json", "kernel-reused.json",
+                                        "kernel-zombie.json"}));
+  for (auto name : {"kernel-live.json", ".kgate-owner-live.json", "kernel-other.json", "kernel-mine.json",
+                    ".kgate-owner-garbage.json"})
+    EXPECT_TRUE(fs::exists(dir.path() / name)) << name;
+  for (auto& name : got) EXPECT_FALSE(fs::exists(dir.path() / name)) << name;
+  for (auto id : {"dead", "pooled", "reused", "zombie"})
+    EXPECT_FALSE(fs::exists(dir.path() / (std::string(".kgate-owner-") + id + ".json"))) << id;
+  remove_owner_file(dir.path(), "mine");
+  EXPECT_FALSE(fs::exists(dir.path() / ".kgate-owner-mine.json"));
+  EXPECT_TRUE(remove_stale_connection_files(dir.path() / "missing").empty());
+}
 
 TEST(Interop, JupyterClientLoadsOurFile) {
   TempDir dir{"kgate-conn"};
