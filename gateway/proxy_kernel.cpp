@@ -482,7 +482,12 @@ int Proxy::run(int signal_fd) {
         {nullptr, signal_fd, ZMQ_POLLIN, 0},
     };
     // A blocked iopub is retried every 10 ms even if POLLOUT does not fire for the busy peer.
-    zmq::poll(items, 7, std::chrono::milliseconds(iopub_blocked ? 10 : 500));
+    try {
+      zmq::poll(items, 7, std::chrono::milliseconds(iopub_blocked ? 10 : 500));
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+      continue;  // a signal with a handler (SIGTERM and SIGINT come through signal_fd)
+    }
     if (items[6].revents & ZMQ_POLLIN) {
       signalfd_siginfo si{};
       [[maybe_unused]] auto n = ::read(signal_fd, &si, sizeof si);

@@ -7,6 +7,7 @@
 #include "kgate/kernel.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <condition_variable>
@@ -1094,7 +1095,14 @@ void KernelManager::Impl::poll_once() {
     if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
   if (have_nopidfd) timeout = std::min(timeout, 100L);
 
-  int rc = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
+  int rc = 0;
+  try {
+    rc = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
+  } catch (const zmq::error_t& e) {
+    // The thread blocks async signals, but a signal sent to it alone (tgkill) still
+    // interrupts the poll: that is a pass with nothing ready, not an error.
+    if (e.num() != EINTR) throw;
+  }
   if (have_nopidfd) {
     std::vector<std::string> ids;
     for (auto& [id, kp] : io)
@@ -1135,6 +1143,7 @@ KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_d
   if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   impl_->thread = std::thread([this] {
     pthread_setname_np(pthread_self(), "kgate-io");
+    block_async_signals_in_this_thread();
     impl_->run();
   });
 }

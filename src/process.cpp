@@ -327,4 +327,11 @@ std::map<std::string, std::string> current_environment() {
   return out;
 }
 
+void block_async_signals_in_this_thread() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS}) sigdelset(&set, sig);
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
 }  // namespace kgate

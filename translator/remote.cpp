@@ -13,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -152,7 +153,9 @@ struct Fetched {
 };
 
 // Runs the GETs in parallel; a request still out after `total` is left to finish on its own
-// thread (it holds `http`) and reported as unanswered.
+// thread (it holds `http`) and reported as unanswered.  The threads that answered are joined,
+// so their thread-local state (OpenSSL's per-thread random generator) is freed before the
+// caller goes on and, in the CLI, exits.
 std::vector<Fetched> fetch_all(const std::shared_ptr<HttpClient>& http, const std::vector<std::string>& paths,
                                const RemoteOptions& opts) {
   struct Shared {
@@ -165,19 +168,26 @@ std::vector<Fetched> fetch_all(const std::shared_ptr<HttpClient>& http, const st
   sh->out.resize(paths.size());
   sh->left = paths.size();
   auto began = Clock::now();
+  std::vector<std::thread> threads;
+  threads.reserve(paths.size());
   for (std::size_t i = 0; i < paths.size(); ++i) {
-    std::thread([sh, http, path = paths[i], i, timeout = opts.per_request, began] {
+    threads.emplace_back([sh, http, path = paths[i], i, timeout = opts.per_request, began] {
       HttpResult r = http->get(path, timeout);
       double elapsed = std::chrono::duration<double>(Clock::now() - began).count();
       std::lock_guard lk(sh->mu);
       sh->out[i] = Fetched{std::move(r), elapsed, true};
       --sh->left;
       sh->cv.notify_all();
-    }).detach();
+    });
   }
   std::unique_lock lk(sh->mu);
   sh->cv.wait_until(lk, began + opts.total, [&] { return sh->left == 0; });
   std::vector<Fetched> out = sh->out;
+  lk.unlock();
+  for (std::size_t i = 0; i < threads.size(); ++i) {
+    if (out[i].done) threads[i].join();  // past its last lock: returns at once
+    else threads[i].detach();
+  }
   double total = std::chrono::duration<double>(opts.total).count();
   for (auto& f : out)
     if (!f.done) {

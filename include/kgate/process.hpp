@@ -64,4 +64,11 @@ std::string find_program(const std::string& name, const std::map<std::string, st
 // The current process environment as a map.
 std::map<std::string, std::string> current_environment();
 
+// Blocks, in the calling thread, every signal that is not a fault (SIGSEGV, SIGBUS, SIGFPE,
+// SIGILL, SIGTRAP, SIGABRT, SIGSYS).  A worker thread calls it first thing: a process-directed
+// signal (SIGTERM, SIGHUP, a profiler's or fuzzer's SIGALRM) then goes to a thread that is
+// ready for it, and never interrupts the worker's blocking calls with EINTR.  Children
+// launched from the thread start with an empty mask (launch resets it).
+void block_async_signals_in_this_thread();
+
 }  // namespace kgate

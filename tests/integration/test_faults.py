@@ -388,18 +388,24 @@ def flood_and_drop(kg, kid, session, how, tmp_path, start_at=19, stall=1.0, pace
     return r.msg_id, first
 
 
+def reconnect_and_collect(kgate, kernel, session, msg_id):
+    """Reconnects with the same session_id; returns what came for the cell to its idle, and
+    the flood's chunk numbers in it."""
+    ws = connect(kgate, kernel, session)
+    try:
+        msgs = collect_until_done(ws, msg_id, 120, "after reconnecting")
+    finally:
+        ws.close()
+    return msgs, chunk_numbers(stdout_of(msgs, msg_id), where="second connection")
+
+
 def test_ws_dropped_without_close_frame_mid_flood_loses_nothing(kgate, kernel, tmp_path):
     session = "drop-" + uuid.uuid4().hex
     msg_id, first = flood_and_drop(kgate, kernel, session, socket.SHUT_WR, tmp_path)
     a = chunk_numbers(stdout_of(first, msg_id), where="first connection")
     time.sleep(1.0)  # the flood goes on while nobody is connected
 
-    ws2 = connect(kgate, kernel, session)
-    try:
-        second = collect_until_done(ws2, msg_id, 120, "after reconnecting")
-    finally:
-        ws2.close()
-    b = chunk_numbers(stdout_of(second, msg_id), where="second connection")
+    second, b = reconnect_and_collect(kgate, kernel, session, msg_id)
     assert a + b == list(range(DROP_CHUNKS)), (
         f"flood not delivered exactly once in order across the drop: first connection "
         f"{describe(a)}, second {describe(b)}")
@@ -426,12 +432,7 @@ def test_ws_reset_mid_flood_loses_at_most_the_socket_buffers(kgate, kernel, tmp_
     msg_id, first = flood_and_drop(kgate, kernel, session, socket.SHUT_RDWR, tmp_path)
     a = chunk_numbers(stdout_of(first, msg_id), where="first connection")
     time.sleep(1.0)
-    ws2 = connect(kgate, kernel, session)
-    try:
-        second = collect_until_done(ws2, msg_id, 120, "after reconnecting")
-    finally:
-        ws2.close()
-    b = chunk_numbers(stdout_of(second, msg_id), where="second connection")
+    second, b = reconnect_and_collect(kgate, kernel, session, msg_id)
     assert a == list(range(len(a))), f"first connection: {describe(a)}"
     assert b and b == list(range(b[0], DROP_CHUNKS)), (
         f"after the reconnect the flood must go on in order to its end: {describe(b)}")

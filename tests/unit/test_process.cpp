@@ -1,10 +1,12 @@
-// Unit tests for child-process launching: exec errors, cwd, env, sessions, signals, pidfds, PDEATHSIG.
+// Unit tests for child-process launching: exec errors, cwd, env, sessions, signals, pidfds, PDEATHSIG,
+// and the signal mask of kgate's worker thread.
 #include "kgate/process.hpp"
 
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <set>
 #include <string>
 #include <system_error>
@@ -16,9 +18,11 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kgate/kernel.hpp"
 #include "support.hpp"
 
 namespace kgate {
@@ -413,6 +417,73 @@ TEST(CurrentEnvironment, MirrorsEnviron) {
   EXPECT_EQ(env.at("KGATE_TEST_CURENV"), "v=1");
   ::unsetenv("KGATE_TEST_CURENV");
   EXPECT_FALSE(current_environment().count("KGATE_TEST_CURENV"));
+}
+
+// The signal mask of a thread, from /proc/self/task/<tid>/status (SigBlk, hex).
+unsigned long long blocked_mask(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("SigBlk:", 0) == 0) return std::stoull(line.substr(7), nullptr, 16);
+  return 0;
+}
+
+bool blocks(unsigned long long mask, int sig) { return (mask >> (sig - 1)) & 1ULL; }
+
+pid_t thread_named(const std::string& name) {
+  for (auto& e : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream f(e.path() / "comm");
+    std::string comm;
+    std::getline(f, comm);
+    if (comm == name) return static_cast<pid_t>(std::stol(e.path().filename().string()));
+  }
+  return -1;
+}
+
+TEST(WorkerSignals, AsyncSignalsAreBlockedFaultsAreNot) {
+  std::promise<unsigned long long> mask;
+  std::thread t([&] {
+    block_async_signals_in_this_thread();
+    mask.set_value(blocked_mask(static_cast<pid_t>(::syscall(SYS_gettid))));
+  });
+  t.join();
+  const auto m = mask.get_future().get();
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGALRM, SIGUSR1, SIGCHLD, SIGPIPE}) EXPECT_TRUE(blocks(m, sig)) << sig;
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) EXPECT_FALSE(blocks(m, sig)) << sig;
+}
+
+// Found by fuzz_http: libFuzzer's SIGALRM landed on the kernel I/O thread, zmq_poll failed
+// with EINTR, cppzmq threw, and the uncaught exception ended the process.  The same went for
+// SIGTERM or SIGHUP (kgate has handlers for both) delivered to that thread.
+TEST(WorkerSignals, SignalsAimedAtTheKernelThreadDoNotStopIt) {
+  struct sigaction sa {}, old {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART (poll is never restarted anyway)
+  ASSERT_EQ(::sigaction(SIGUSR1, &sa, &old), 0);
+  {
+    test::TempDir dir("kgate-sig");
+    KernelManager mgr(KernelOptions{}, dir.path(), {});
+    pid_t tid = -1;
+    for (int i = 0; i < 200 && tid < 0; ++i) {
+      tid = thread_named("kgate-io");
+      if (tid < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_GT(tid, 0) << "no kgate-io thread";
+    EXPECT_TRUE(blocks(blocked_mask(tid), SIGTERM));
+    EXPECT_TRUE(blocks(blocked_mask(tid), SIGHUP));
+    for (int i = 0; i < 50; ++i) {
+      ASSERT_EQ(::syscall(SYS_tgkill, ::getpid(), tid, SIGUSR1), 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    // Still serving: a request for a kernel that does not exist is answered.
+    std::promise<bool> answered;
+    mgr.shutdown("no-such-kernel", [&](bool ok) { answered.set_value(ok); });
+    auto f = answered.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    EXPECT_FALSE(f.get());
+  }
+  ::sigaction(SIGUSR1, &old, nullptr);
 }
 
 }  // namespace
