@@ -191,10 +191,12 @@ ConnectionInfo load_connection_info(const fs::path& path) {
   }
 }
 
-void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
+namespace {
+
+// Writes `text` to `path` as mode 0600, atomically: a temp file beside it, fsync, rename.
+void write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const fs::path tmp = dir / ("." + path.filename().string() + "." + new_hex_id() + ".tmp");
-  const std::string text = info.to_json().dump(2) + "\n";
 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) fail(path, "cannot create " + tmp.string() + ": " + errno_text(errno));
@@ -224,6 +226,12 @@ void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
   }
 }
 
+}  // namespace
+
+void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
+  write_file_atomically(path, info.to_json().dump(2) + "\n");
+}
+
 namespace {
 
 // The state letter and start time of `pid` from /proc/<pid>/stat; false when there is none.
@@ -247,6 +255,11 @@ bool proc_stat(int pid, char& state, unsigned long long& start) {
   return false;
 }
 
+constexpr std::string_view kOwnerPrefix = ".kgate-owner-";
+fs::path owner_path(const fs::path& dir, const std::string& id) {
+  return dir / (std::string(kOwnerPrefix) + id + ".json");
+}
+
 }  // namespace
 
 unsigned long long process_start_time(int pid) {
@@ -255,25 +268,9 @@ unsigned long long process_start_time(int pid) {
   return proc_stat(pid, state, start) ? start : 0;
 }
 
-namespace {
-constexpr std::string_view kOwnerPrefix = ".kgate-owner-";
-fs::path owner_path(const fs::path& dir, const std::string& id) {
-  return dir / (std::string(kOwnerPrefix) + id + ".json");
-}
-}  // namespace
-
 void write_owner_file(const fs::path& runtime_dir, const std::string& id) {
   const json j = {{"kgate_pid", ::getpid()}, {"kgate_pid_start", process_start_time(::getpid())}};
-  const fs::path path = owner_path(runtime_dir, id);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) fail(path, "cannot create: " + errno_text(errno));
-  try {
-    write_all(fd, j.dump() + "\n", path);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  ::close(fd);
+  write_file_atomically(owner_path(runtime_dir, id), j.dump() + "\n");
 }
 
 void remove_owner_file(const fs::path& runtime_dir, const std::string& id) {
