@@ -407,15 +407,22 @@ std::string attach_command(const KernelSpec& spec, const std::string& connection
     std::string base = std::filesystem::path(spec.argv[0]).filename().string();
     if (base.rfind("python", 0) == 0) python = spec.argv[0];
   }
-  static std::mutex mu;
-  static std::map<std::string, std::string> modules;  // python -> module ("" = none, "?" = probing)
+  // The probe thread is detached and may still run while kgate exits, so the table it writes
+  // into is never destroyed (a static object would be, under the thread's feet: TSan found it).
+  struct ConsoleTable {
+    std::mutex mu;
+    std::map<std::string, std::string> modules;  // python -> module ("" = none, "?" = probing)
+  };
+  static ConsoleTable* const table = new ConsoleTable;
+  auto& mu = table->mu;
+  auto& modules = table->modules;
   std::string module;
   {
     std::lock_guard lk(mu);
     auto it = modules.find(python);
     if (it == modules.end()) {
       modules[python] = "?";
-      std::thread([python] {
+      std::thread([python, &mu, &modules] {
         std::string cmd = shell_quote(python) +
                           " -c 'import importlib.util as u; print(\"qtconsole\" if u.find_spec(\"qtconsole\") else "
                           "\"jupyter_console\" if u.find_spec(\"jupyter_console\") else \"\")' 2>/dev/null";

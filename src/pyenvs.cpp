@@ -901,6 +901,9 @@ std::vector<InterpreterInfo> InterpreterProber::probe_all(const std::vector<fs::
   };
   std::vector<std::thread> threads;
   threads.reserve(workers - 1);
+  // probe() logs.  spdlog's registry is a function-local static inside libspdlog; build it here,
+  // before the workers exist, so no worker is the one that constructs it while another reads it.
+  (void)spdlog::default_logger_raw();
   try {
     for (std::size_t t = 1; t < workers; ++t) threads.emplace_back(work);
   } catch (const std::system_error& e) {
