@@ -7,6 +7,7 @@
 #include <set>
 
 #include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
 #include <spdlog/spdlog.h>
 
@@ -55,6 +56,17 @@ void warn_unverified(const Endpoint& ep) {
                ep.url, named_entry(ep) ? "verify = false in [gateways." + ep.name + "]" : std::string("KGATE_TLS_VERIFY=0"));
 }
 
+// OpenSSL fills a certificate's extension cache on first use.  Two handshakes running at once
+// on one context (fetch_all's parallel GETs) can both find the trusted CA's cache empty and
+// both fill it, one rewriting what the other is comparing (openssl/openssl#32609; TSan found
+// it here).  Filling it now, while the context is still this thread's alone, leaves the
+// handshakes only reading.  CAs looked up lazily from a hashed directory are not covered.
+void fill_certificate_caches(SSL_CTX* ctx) {
+  STACK_OF(X509_OBJECT)* objects = X509_STORE_get0_objects(SSL_CTX_get_cert_store(ctx));
+  for (int i = 0; i < sk_X509_OBJECT_num(objects); ++i)
+    if (X509* cert = X509_OBJECT_get0_X509(sk_X509_OBJECT_value(objects, i))) X509_check_purpose(cert, -1, 0);
+}
+
 }  // namespace
 
 std::shared_ptr<ssl::context> client_context(const Endpoint& ep, std::string& error) {
@@ -78,6 +90,7 @@ std::shared_ptr<ssl::context> client_context(const Endpoint& ep, std::string& er
       error = "TLS: cannot load ca_file " + ep.ca_file + " (" + reason(ec) + "): it must hold PEM certificates";
   }
   if (!error.empty()) return nullptr;
+  fill_certificate_caches(ctx->native_handle());
   return ctx;
 }
 
