@@ -12,8 +12,10 @@ Environment:
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
   BENCH_BUDGET   total time budget, seconds (default 280)
   BENCH_OUT      results JSON           (default bench/results/latest.json)
-  WSBENCH        shared benchmark script (default /work/shared/bench/wsbench.py)
   BENCH_KEEP_TMP=1  keep the temp dir (server logs) for inspection
+
+The round trips and floods are run by bench/wsclient.py (this project's client), one subprocess
+per measurement. Every default path is relative to this checkout.
 
 Every server, benchmark client and kernel this script starts is stopped on exit, error,
 Ctrl-C or SIGTERM: each runs in its own session (process group); before a group is killed
@@ -38,9 +40,8 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = "/usr/bin/python3"
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WSBENCH = os.environ.get("WSBENCH", os.path.join(os.path.dirname(_REPO), "shared", "bench", "wsbench.py"))
-FASTCLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wsflood_fastclient.py")
+_REPO = os.path.dirname(HERE)
+CLIENT = os.path.join(HERE, "wsclient.py")   # the round-trip and flood clients
 KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
 N = int(os.environ.get("BENCH_N", "200"))
 MB = int(os.environ.get("BENCH_MB", "20"))
@@ -364,23 +365,22 @@ def kernel_rss(server):
     return idle, one
 
 
-# ---------------------------------------------------------------- wsbench
+# ---------------------------------------------------------------- the clients
 
-def wsbench(env, cwd, args, want_timeout, watch=None):
-    """Run the shared wsbench.py, return its JSON lines merged into one dict (plus, with watch=a
-    Server, "gateway_cpu_s": that server process's own CPU seconds over the run)."""
+def run_client(env, cwd, args, want_timeout, watch=None):
+    """Run bench/wsclient.py with `args` (e.g. ["gateway", url, token, N]), return its JSON lines
+    merged into one dict (plus, with watch=a Server, "gateway_cpu_s": that server process's own
+    CPU seconds over the run)."""
     timeout = budget(want_timeout)
     cpu0 = cpu_s(watch.proc.pid) if watch else None
-    cmd = [PY, WSBENCH, *map(str, args)]
-    if args[0] == "flood-fastclient":  # wsbench's flood, client UTF-8 check off (see the script)
-        cmd = [PY, FASTCLIENT, WSBENCH, *map(str, args[1:])]
+    cmd = [PY, CLIENT, *map(str, args)]
     p = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(p, grace=2)
-        raise StepError("wsbench %s: timed out after %.0fs" % (" ".join(map(str, args[:1])), timeout))
+        raise StepError("client %s: timed out after %.0fs" % (" ".join(map(str, args[:1])), timeout))
     finally:
         if p.poll() is None:
             kill_tree(p, grace=2)
@@ -393,11 +393,11 @@ def wsbench(env, cwd, args, want_timeout, watch=None):
             except ValueError:
                 pass
     if p.returncode != 0 or not res:
-        raise StepError("wsbench %s exited %s; stderr tail:\n%s" % (args[0], p.returncode,
+        raise StepError("client %s exited %s; stderr tail:\n%s" % (args[0], p.returncode,
                                                                    "\n".join(err.strip().splitlines()[-15:])))
     if watch:
         if watch.proc.poll() is not None:
-            raise StepError("%s exited with status %s during wsbench %s; log tail:\n%s"
+            raise StepError("%s exited with status %s during client %s; log tail:\n%s"
                             % (watch.label, watch.proc.returncode, args[0], tail(watch.log_path)))
         res["gateway_cpu_s"] = round(cpu_s(watch.proc.pid) - cpu0, 3)
     return res
@@ -415,7 +415,7 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    for f in (WSBENCH, PY):
+    for f in (CLIENT, PY):
         if not os.path.exists(f):
             print("bench: missing %s" % f, file=sys.stderr)
             return 2
@@ -426,7 +426,7 @@ def main():
     R = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                   "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS,
                   "kgate_cold_starts": COLD, "peer_cold_starts": PEER_COLD, "kgate_bin": KGATE_BIN,
-                  "wsbench": WSBENCH, "versions": versions(),
+                  "client": os.path.relpath(CLIENT, _REPO), "versions": versions(),
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
          "direct": {"latency": []}, "peer": {"latency": [], "cold_start_ms": []},
@@ -496,26 +496,26 @@ def main():
         # 3. execute round trips, interleaved so drift hits all three alike
         for rep in range(REPS):
             log("latency rep %d/%d: direct" % (rep + 1, REPS))
-            r = step("direct latency", wsbench, bench_env, tmp, ["direct", N], 120)
+            r = step("direct latency", run_client, bench_env, tmp, ["direct", N], 120)
             if r:
                 R["direct"]["latency"].append(r)
             if peer:
                 log("latency rep %d/%d: jupyter_server" % (rep + 1, REPS))
-                r = step("peer latency", wsbench, bench_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
+                r = step("peer latency", run_client, bench_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
                 if r:
                     R["peer"]["latency"].append(r)
             if kg:
                 log("latency rep %d/%d: kgate" % (rep + 1, REPS))
-                r = step("kgate latency", wsbench, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
+                r = step("kgate latency", run_client, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
                 if r:
                     R["kgate"]["latency"].append(r)
 
         # 4. floods
         log("flood %d MB: direct" % MB)
-        R["direct"]["flood"] = step("direct flood", wsbench, bench_env, tmp, ["direct-flood", MB], 150)
+        R["direct"]["flood"] = step("direct flood", run_client, bench_env, tmp, ["direct-flood", MB], 150)
         if peer:
             log("flood %d MB: jupyter_server (default rate limits)" % MB)
-            R["peer"]["flood_default"] = step("peer flood (defaults)", wsbench, bench_env, tmp,
+            R["peer"]["flood_default"] = step("peer flood (defaults)", run_client, bench_env, tmp,
                                               ["flood", peer.url, peer.token, MB], 150, peer)
             stop(peer)
             peer = None
@@ -523,16 +523,16 @@ def main():
         if peer2:
             R["peer"]["cold_start_ms"].append(round(peer2.cold_start_ms, 1))
             log("flood %d MB: jupyter_server (rate limits lifted)" % MB)
-            R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", wsbench, bench_env, tmp,
+            R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", run_client, bench_env, tmp,
                                                 ["flood", peer2.url, peer2.token, MB], 150, peer2)
-            R["peer"]["flood_fast"] = step("peer flood (unlimited, fast client)", wsbench, bench_env, tmp,
-                                           ["flood-fastclient", peer2.url, peer2.token, MB], 150, peer2)
+            R["peer"]["flood_fast"] = step("peer flood (unlimited, fast client)", run_client, bench_env, tmp,
+                                           ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], 150, peer2)
             stop(peer2)
         if kg:
             log("flood %d MB: kgate" % MB)
-            R["kgate"]["flood"] = step("kgate flood", wsbench, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
-            R["kgate"]["flood_fast"] = step("kgate flood (fast client)", wsbench, bench_env, tmp,
-                                            ["flood-fastclient", kg.url, kg.token, MB], 150, kg)
+            R["kgate"]["flood"] = step("kgate flood", run_client, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
+            R["kgate"]["flood_fast"] = step("kgate flood (fast client)", run_client, bench_env, tmp,
+                                            ["flood", kg.url, kg.token, MB, "--no-utf8-check"], 150, kg)
             if kg.proc.poll() is not None:
                 R["errors"].append({"step": "kgate", "error": "kgate exited with status %s during the run; log tail:\n%s"
                                     % (kg.proc.returncode, tail(kg.log_path))})
@@ -609,7 +609,7 @@ def versions():
 # ---------------------------------------------------------------- summary
 
 def _mid(runs, key):
-    """Median across repetitions of one wsbench statistic (the mean when there are two)."""
+    """Median across repetitions of one client statistic (the mean when there are two)."""
     vals = [r[key] for r in runs if r and key in r]
     return round(statistics.median(vals)) if vals else None
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Kernel-discovery benchmark (issue 5's figures): what listing kernelspecs costs on kgate, warm and cold.
+"""Kernel-discovery benchmark: what listing kernelspecs costs on kgate, warm and cold.
 
 usage: bench/discovery.sh [-h]      (runs this file with /usr/bin/python3)
 
@@ -24,7 +24,7 @@ requests of each series: GET /api/kernelspecs on all three, GET /api on kgate an
 (the floor: client + HTTP), GET /api/kgate/kernelspecs on kgate. The series are interleaved in
 blocks of 100 requests, so all of them see the same machine load. Server CPU per request is the
 server process's on-CPU time over its blocks (the sum of its threads' /proc/PID/task/*/schedstat).
-Target (issue 5): kgate's GET /api/kernelspecs median <= 1 ms; reported, it does not set the exit status.
+Target: kgate's GET /api/kernelspecs median <= 1 ms; reported, it does not set the exit status.
 
 Every server runs with private Jupyter runtime/config/data dirs (bench.py's private_env), so
 kgate, jupyter_server and both command-line tools see the same kernelspec directories.

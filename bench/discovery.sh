@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kgate kernel-discovery benchmark (issue 5's figures): a warm GET /api/kernelspecs on kgate vs jupyter_server
+# kgate kernel-discovery benchmark: a warm GET /api/kernelspecs on kgate vs jupyter_server
 # (and jupyter_server --gateway-url kgate), a cold `kgate kernelspecs` vs `jupyter kernelspec list`, and
 # `kgate serve` spawn to its first full catalog.
 # usage: bench/discovery.sh [-h]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""kgate-mcp benchmark (issue 4's figures): the MCP execute round trip against the ZMQ floor,
+"""kgate-mcp benchmark: the MCP execute round trip against the ZMQ floor,
 kgate-mcp's idle RSS, and its start to answering `initialize`.
 
 usage: bench/mcp.sh [-h]            (runs this file with /usr/bin/python3)
@@ -12,10 +12,10 @@ swap them. kgate-mcp gets KGATE_URL/KGATE_TOKEN of that kgate and an empty XDG_C
 1. Start: MCP_STARTS times, spawn kgate-mcp, write `initialize` at once, time until its reply
    line (median and max). Each one is then closed (stdin EOF) and must exit.
 2. Round trip, MCP_REPS repetitions. Each runs, in this order (reversed on even reps):
-   wsbench direct N (the raw ZMQ floor, store_history=False), the same raw ZMQ client with
-   store_history=True (what kgate's agent path asks the kernel for), the MCP run, kgate's agent
+   the direct client (bench/wsclient.py direct N: the raw ZMQ floor, store_history=False), the same
+   raw ZMQ client with store_history=True (what kgate's agent path asks the kernel for), the MCP run, kgate's agent
    path over plain HTTP (POST .../execute with wait, then GET .../digest, as kgate-mcp does),
-   wsbench gateway on kgate, wsbench gateway on jupyter_server. Every kernel of the run gets a
+   the websocket client (wsclient.py gateway) on kgate, and on jupyter_server. Every kernel of the run gets a
    private IPYTHONDIR, so the cells that store history write a fresh history.sqlite, not
    ~/.ipython's. The MCP run is one fresh kgate-mcp: initialize (VmRSS read right after the
    reply, and again 0.5 s later), notifications/initialized, tools/call connect (a fresh kernel),
@@ -36,11 +36,7 @@ Environment:
                   ipython_kernel_config.py sets HistoryManager.hist_file = ':memory:', which takes
                   the per-cell sqlite writes (store_history=True) out of every figure
   MCP_OUT         results JSON (default bench/results/mcp-latest.json)
-  WSBENCH         shared benchmark script (default /work/shared/bench/wsbench.py)
   MCP_KEEP_TMP=1  keep the temp dir (server and kgate-mcp logs)
-
-(`mcp.py direct-history N` is the raw ZMQ client with store_history=True that the run starts
-as a subprocess; it prints one JSON line like wsbench.)
 
 Exit status: 0 every step ran, 1 a step failed (listed under "errors"; missing a target is
 reported, not a failure), 2 usage/setup, 130 interrupted (no JSON written).
@@ -61,7 +57,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True   # no bench/__pycache__ left behind
-import bench  # noqa: E402  (Server, wsbench, kill_tree, sweep, rss_mb, cpu_s, private_env)
+import bench  # noqa: E402  (Server, run_client, kill_tree, sweep, rss_mb, cpu_s, private_env)
 
 _REPO = os.path.dirname(HERE)
 KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
@@ -76,7 +72,7 @@ KEEP_TMP = os.environ.get("MCP_KEEP_TMP") == "1"
 KERNEL_HISTORY = os.environ.get("MCP_KERNEL_HISTORY", "disk")
 PROTOCOL = "2025-11-25"
 
-# issue 4's figures
+# the targets the MCP figures are held to
 TARGET_RATIO = 1.10      # MCP execute median <= direct ZMQ median x 1.10
 TARGET_RSS_MB = 10.0     # idle RSS
 TARGET_START_MS = 20.0   # start to answering initialize
@@ -304,66 +300,10 @@ def threads(pid):
     return None
 
 
-def direct_history(n):
-    """wsbench's direct client (raw ZMQ, blocking receives, 20 warm-ups, then n timed), except that
-    execute_request asks for store_history=True, as kgate's agent path does (src/jobs.cpp).
-    Runs as a subprocess (`mcp.py direct-history N`) and prints one JSON line."""
-    import zmq
-    from jupyter_client.manager import start_new_kernel
-    km, kc = start_new_kernel(kernel_name="python3")
-    kc.stop_channels()
-    info = km.get_connection_info()
-    ctx = zmq.Context()
-    shell = ctx.socket(zmq.DEALER)
-    shell.connect("tcp://%s:%d" % (info["ip"], info["shell_port"]))
-    iopub = ctx.socket(zmq.SUB)
-    iopub.setsockopt(zmq.SUBSCRIBE, b"")
-    iopub.connect("tcp://%s:%d" % (info["ip"], info["iopub_port"]))
-    session = km.session
-    time.sleep(0.5)
-    poller = zmq.Poller()
-    poller.register(shell, zmq.POLLIN)
-    poller.register(iopub, zmq.POLLIN)
-
-    def execute(code):
-        msg = session.send(shell, "execute_request", {"code": code, "silent": False, "store_history": True,
-                                                      "user_expressions": {}, "allow_stdin": False,
-                                                      "stop_on_error": True})
-        mid = msg["header"]["msg_id"]
-        got_idle = got_reply = False
-        while not (got_idle and got_reply):
-            for sock, _ in poller.poll(30000):
-                _, m = session.feed_identities(sock.recv_multipart())
-                m = session.deserialize(m)
-                if m["parent_header"].get("msg_id") != mid:
-                    continue
-                if sock is iopub and m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
-                    got_idle = True
-                if sock is shell:
-                    got_reply = True
-    try:
-        for _ in range(WARMUP):
-            execute("1+1")
-        lat = []
-        for _ in range(n):
-            t = time.perf_counter()
-            execute("1+1")
-            lat.append(time.perf_counter() - t)
-    finally:
-        km.shutdown_kernel(now=True)
-    print(json.dumps({"mode": "direct-history", "n": n, "median_us": round(statistics.median(lat) * 1e6),
-                      "p90_us": round(pct(lat, 0.9) * 1e6), "min_us": round(min(lat) * 1e6)}))
-    return 0
-
-
 def run_direct_history(env, cwd):
-    """bench.wsbench's runner (timeout, process-group cleanup, JSON lines), pointed at this file."""
-    saved = bench.WSBENCH
-    bench.WSBENCH = os.path.abspath(__file__)
-    try:
-        return bench.wsbench(env, cwd, ["direct-history", N], 120)
-    finally:
-        bench.WSBENCH = saved
+    """The raw ZMQ client (bench/wsclient.py direct) with store_history=True in every
+    execute_request, as kgate's agent path asks for (src/jobs.cpp): 20 warm-ups, then N timed."""
+    return bench.run_client(env, cwd, ["direct", N, "--store-history"], 120)
 
 
 def agent_rest_run(kg):
@@ -493,7 +433,7 @@ def print_tables(R):
     print("\nper rep (medians, µs; order as the columns, reversed on even reps):")
     print_md(["rep", "order"] + [SHORT[w] for w in COLUMNS] + ["MCP/direct"], per, right_from=2)
 
-    print("\nkgate-mcp figures (issue 4)")
+    print("\nkgate-mcp figures against their targets")
     ratio = S["mcp_over_direct"]
     ratio_h = S["mcp_over_direct_history"]
     rows = [
@@ -501,7 +441,7 @@ def print_tables(R):
         # cost (IPython's history.sqlite commit) is the kernel's; see bench/README.md.
         ["MCP execute median / direct ZMQ median, same request (store_history=True)",
          "—" if ratio_h is None else "%.3f×" % ratio_h, "≤ %.2f×" % TARGET_RATIO, _ok(ratio_h, TARGET_RATIO)],
-        ["MCP execute median / wsbench direct ZMQ median (store_history=False)",
+        ["MCP execute median / direct ZMQ median (store_history=False)",
          "—" if ratio is None else "%.3f×" % ratio, "—", "—"],
         ["idle RSS right after initialize (MB)", _f(S["rss_after_initialize_mb"], "1"), "≤ %.0f" % TARGET_RSS_MB,
          _ok(S["rss_after_initialize_mb"], TARGET_RSS_MB)],
@@ -516,7 +456,7 @@ def print_tables(R):
         ["kgate-mcp CPU per execute (µs)", _f(None if S["mcp_cpu_ms"] is None else S["mcp_cpu_ms"] * 1e3 / N), "—", "—"],
         ["kgate CPU over the same %d executes (ms)" % N, _f(S["kgate_cpu_ms"]), "—", "—"],
         ["kgate CPU over the agent REST run's %d timed executes + digests (ms)" % N, _f(S["kgate_rest_cpu_ms"]), "—", "—"],
-        ["kgate CPU over one wsbench run, %d+%d ws round trips + kernel start/stop (ms)" % (WARMUP, N),
+        ["kgate CPU over one websocket client run, %d+%d ws round trips + kernel start/stop (ms)" % (WARMUP, N),
          _f(S["kgate_ws_cpu_ms"]), "—", "—"],
     ]
     print_md(["metric", "value", "target", "met"], rows)
@@ -537,8 +477,6 @@ def _print_md(hdr, rows, right_from=1):
 # ---------------------------------------------------------------- main
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "direct-history":
-        return direct_history(int(sys.argv[2]))
     if len(sys.argv) > 1:
         print(__doc__.strip())
         return 0 if sys.argv[1] in ("-h", "--help") else 2
@@ -548,7 +486,7 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    for f in (bench.WSBENCH, bench.PY):
+    for f in (bench.CLIENT, bench.PY):
         if not os.path.exists(f):
             print("mcp: missing %s" % f, file=sys.stderr)
             return 2
@@ -576,7 +514,7 @@ def main():
                   "kgate_version": subprocess.run([kgate_bin, "--version"], capture_output=True, text=True).stdout.strip(),
                   "kgate_mcp_version": subprocess.run([mcp_bin, "--version"], capture_output=True,
                                                       text=True).stdout.strip(),
-                  "wsbench": bench.WSBENCH, "versions": bench.versions()},
+                  "client": os.path.relpath(bench.CLIENT, _REPO), "versions": bench.versions()},
          "latency": {w: [] for w in COLUMNS}, "errors": []}
     live, clients, interrupted = [], [], False
     errors = R["errors"]
@@ -628,7 +566,7 @@ def main():
         def run(who, rep):
             if who == "direct":
                 log("rep %d/%d: direct ZMQ N=%d" % (rep + 1, REPS, N))
-                x = step("direct latency rep %d" % (rep + 1), bench.wsbench, cl_env, tmp, ["direct", N], 120)
+                x = step("direct latency rep %d" % (rep + 1), bench.run_client, cl_env, tmp, ["direct", N], 120)
             elif who == "direct_history":
                 log("rep %d/%d: direct ZMQ, store_history=True, N=%d" % (rep + 1, REPS, N))
                 x = step("direct (store_history) latency rep %d" % (rep + 1), run_direct_history, cl_env, tmp)
@@ -644,13 +582,13 @@ def main():
                            x["rss_after_executes_mb"], x["mcp_cpu_s"] * 1e3))
             elif who == "kgate_ws":
                 log("rep %d/%d: kgate websocket N=%d" % (rep + 1, REPS, N))
-                x = step("kgate ws latency rep %d" % (rep + 1), bench.wsbench, cl_env, tmp,
+                x = step("kgate ws latency rep %d" % (rep + 1), bench.run_client, cl_env, tmp,
                          ["gateway", kg.url, kg.token, N], 120, kg)
             else:
                 if peer is None:
                     return
                 log("rep %d/%d: jupyter_server websocket N=%d" % (rep + 1, REPS, N))
-                x = step("peer latency rep %d" % (rep + 1), bench.wsbench, cl_env, tmp,
+                x = step("peer latency rep %d" % (rep + 1), bench.run_client, cl_env, tmp,
                          ["gateway", peer.url, peer.token, N], 120, peer)
             R["latency"][who].append(x)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Kernel start benchmark (issue 6's figures): POST /api/kernels to the first execute_reply, with
+"""Kernel start benchmark: POST /api/kernels to the first execute_reply, with
 kgate's warm pool, kgate cold (pool size 0) and jupyter_server (the peer, always cold); and N
 concurrent cold creates against one.
 

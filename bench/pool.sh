@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kgate kernel-start benchmark (issue 6's figures): POST /api/kernels to the first execute_reply with the
+# kgate kernel-start benchmark: POST /api/kernels to the first execute_reply with the
 # warm pool, cold, and on jupyter_server; POOL_CONCURRENT concurrent cold creates against one.
 # usage: bench/pool.sh [-h]
 #   env: KGATE_BIN (default <repo>/build/gateway/kgate), POOL_N=10, POOL_N_COLD=5, POOL_CONCURRENT=20,

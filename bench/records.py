@@ -1,15 +1,16 @@
 #!/usr/bin/python3
-"""Session-records benchmark (issue 3's figures): what job recording costs, and whether memory stays bounded.
+"""Session-records benchmark: what recording every cell as a job costs (latency, flood time, kgate's
+CPU, recording on vs off), and whether kgate's memory stays bounded under many large cells.
 
 usage: bench/records.sh [-h]        (runs this file with /usr/bin/python3)
 
 Part "overhead": one kgate binary, two servers side by side, one with `[records] enabled = true`
 and one with `enabled = false` (each from its own kgate.toml, started with --port 0, the port read
 from the `listening on http://HOST:PORT/` stderr line, the token in $KGATE_TOKEN). REC_REPS
-repetitions, alternating on/off in ABBA order (on,off / off,on / ...), each of: wsbench latency
-(N round trips), wsbench flood (MB megabytes), and the same flood with the client's UTF-8 check off.
+repetitions, alternating on/off in ABBA order (on,off / off,on / ...), each of: the latency client
+(N round trips), the flood client (MB megabytes), and the same flood with the client's UTF-8 check off.
 The direct ZMQ floor and jupyter_server (iopub rate limits lifted) run once each with the same
-settings, beside them. Reuses bench.py's Server, wsbench runner and process cleanup.
+settings, beside them. Reuses bench.py's Server, client runner (bench/wsclient.py) and process cleanup.
 
 Part "memory": one kgate (recording on, default limits) and one kernel; REC_CELLS cells that each
 print REC_CELL_BYTES bytes, through POST /api/kgate/kernels/{id}/execute (agent "bench", wait 60),
@@ -20,14 +21,13 @@ Environment:
   KGATE_BIN       kgate binary (default <repo>/build/gateway/kgate; copied into the temp dir
                   first, so both servers run the very same file even if the build changes)
   REC_PARTS       overhead,memory (default both)
-  REC_N           execute round trips per latency run (default 200; wsbench adds 20 warm-up runs)
+  REC_N           execute round trips per latency run (default 200; the client adds 20 warm-up runs)
   REC_MB          flood size, megabytes (default 20)
   REC_REPS        on/off repetitions (default 5)
   REC_CELLS       cells in the memory part (default 10000)
   REC_CELL_BYTES  bytes each memory cell prints (default 1000000)
   REC_BUDGET      time budget of the overhead part, seconds (default 420)
   REC_OUT         results JSON (default bench/results/records-latest.json)
-  WSBENCH         shared benchmark script (default /work/shared/bench/wsbench.py)
   REC_KEEP_TMP=1  keep the temp dir (server logs, configs)
 
 Exit status: 0 every step ran and every check held, 1 a step failed or a check did not hold
@@ -52,7 +52,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True   # no bench/__pycache__ left behind
-import bench  # noqa: E402  (the side-by-side harness: Server, wsbench, kill_tree, sweep, rss_mb, cpu_s)
+import bench  # noqa: E402  (the side-by-side harness: Server, run_client, kill_tree, sweep, rss_mb, cpu_s)
 
 _REPO = os.path.dirname(HERE)
 KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
@@ -134,7 +134,7 @@ def records_config(enabled):
 # ---------------------------------------------------------------- part 1: overhead
 
 def part_overhead(R, tmp, binary, live, errors):
-    bench.BUDGET, bench.T_START = BUDGET, time.monotonic()   # bench.budget() caps each wsbench run
+    bench.BUDGET, bench.T_START = BUDGET, time.monotonic()   # bench.budget() caps each client run
     t_part = time.monotonic()
     cl_env = bench.private_env(os.path.join(tmp, "client"))
     P = R["overhead"] = {"settings": {"N": N, "MB": MB, "reps": REPS, "order": "ABBA: rep 1 on,off; rep 2 off,on; ..."},
@@ -169,13 +169,13 @@ def part_overhead(R, tmp, binary, live, errors):
         s = servers[key]
         r = {"rep": rep}
         log("rep %d/%d records %s: latency N=%d" % (rep + 1, REPS, key, N))
-        r["latency"] = step("kgate %s latency rep %d" % (key, rep + 1), bench.wsbench, cl_env, tmp,
+        r["latency"] = step("kgate %s latency rep %d" % (key, rep + 1), bench.run_client, cl_env, tmp,
                             ["gateway", s.url, s.token, N], 120, s)
         log("rep %d/%d records %s: flood %d MB" % (rep + 1, REPS, key, MB))
-        r["flood"] = step("kgate %s flood rep %d" % (key, rep + 1), bench.wsbench, cl_env, tmp,
+        r["flood"] = step("kgate %s flood rep %d" % (key, rep + 1), bench.run_client, cl_env, tmp,
                           ["flood", s.url, s.token, MB], 150, s)
-        r["flood_fast"] = step("kgate %s flood (fast client) rep %d" % (key, rep + 1), bench.wsbench, cl_env, tmp,
-                               ["flood-fastclient", s.url, s.token, MB], 150, s)
+        r["flood_fast"] = step("kgate %s flood (fast client) rep %d" % (key, rep + 1), bench.run_client, cl_env, tmp,
+                               ["flood", s.url, s.token, MB, "--no-utf8-check"], 150, s)
         if s.proc.poll() is not None:
             raise StepError("kgate records %s exited with status %s; log tail:\n%s"
                             % (key, s.proc.returncode, bench.tail(s.log_path)))
@@ -204,9 +204,9 @@ def part_overhead(R, tmp, binary, live, errors):
         live.remove(s)
 
     log("direct: latency N=%d" % N)
-    P["direct"]["latency"] = step("direct latency", bench.wsbench, cl_env, tmp, ["direct", N], 120)
+    P["direct"]["latency"] = step("direct latency", bench.run_client, cl_env, tmp, ["direct", N], 120)
     log("direct: flood %d MB" % MB)
-    P["direct"]["flood"] = step("direct flood", bench.wsbench, cl_env, tmp, ["direct-flood", MB], 150)
+    P["direct"]["flood"] = step("direct flood", bench.run_client, cl_env, tmp, ["direct-flood", MB], 150)
 
     unlimited = ("--ServerApp.iopub_data_rate_limit=0", "--ServerApp.iopub_msg_rate_limit=0")
     peer = bench.Server("peer", tmp, "peer-unlimited", unlimited)
@@ -214,11 +214,11 @@ def part_overhead(R, tmp, binary, live, errors):
     log("starting jupyter_server (iopub rate limits lifted) on %s" % peer.url)
     if step("peer start", peer.start) is not None:
         log("jupyter_server: latency N=%d" % N)
-        P["peer"]["latency"] = step("peer latency", bench.wsbench, cl_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
+        P["peer"]["latency"] = step("peer latency", bench.run_client, cl_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
         log("jupyter_server: flood %d MB" % MB)
-        P["peer"]["flood"] = step("peer flood", bench.wsbench, cl_env, tmp, ["flood", peer.url, peer.token, MB], 150, peer)
-        P["peer"]["flood_fast"] = step("peer flood (fast client)", bench.wsbench, cl_env, tmp,
-                                       ["flood-fastclient", peer.url, peer.token, MB], 150, peer)
+        P["peer"]["flood"] = step("peer flood", bench.run_client, cl_env, tmp, ["flood", peer.url, peer.token, MB], 150, peer)
+        P["peer"]["flood_fast"] = step("peer flood (fast client)", bench.run_client, cl_env, tmp,
+                                       ["flood", peer.url, peer.token, MB, "--no-utf8-check"], 150, peer)
     peer.stop()
     live.remove(peer)
     P["seconds"] = round(time.monotonic() - t_part, 1)
@@ -242,7 +242,7 @@ def overhead_rows(P):
         ("execute round trip, median (µs)", "int", "latency", "median_us", 1, g(d.get("latency"), "median_us"), g(p.get("latency"), "median_us")),
         ("execute round trip, p90 (µs)", "int", "latency", "p90_us", 1, g(d.get("latency"), "p90_us"), g(p.get("latency"), "p90_us")),
         ("gateway CPU over one latency run (ms)", "int", "latency", "gateway_cpu_s", 1e3, None, cpu(p.get("latency"))),
-        ("%d MB flood, seconds (wsbench client)" % MB, "s", "flood", "seconds", 1, g(d.get("flood"), "seconds"), g(p.get("flood"), "seconds")),
+        ("%d MB flood, seconds (client UTF-8 check on)" % MB, "s", "flood", "seconds", 1, g(d.get("flood"), "seconds"), g(p.get("flood"), "seconds")),
         ("%d MB flood, bytes received" % MB, "int", "flood", "received_bytes", 1, g(d.get("flood"), "received_bytes"), g(p.get("flood"), "received_bytes")),
         ("%d MB flood, gateway CPU (ms)" % MB, "int", "flood", "gateway_cpu_s", 1e3, None, cpu(p.get("flood"))),
         ("%d MB flood, seconds, client UTF-8 check off" % MB, "s", "flood_fast", "seconds", 1, g(d.get("flood"), "seconds"), g(p.get("flood_fast"), "seconds")),
@@ -545,7 +545,7 @@ def main():
     if bad or not PARTS:
         print("records: REC_PARTS must name overhead and/or memory, not %r" % ",".join(bad), file=sys.stderr)
         return 2
-    for f in (bench.WSBENCH, bench.PY):
+    for f in (bench.CLIENT, bench.PY):
         if not os.path.exists(f):
             print("records: missing %s" % f, file=sys.stderr)
             return 2
@@ -562,7 +562,7 @@ def main():
                   "kgate_bin": KGATE_BIN,
                   "kgate_mtime": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN))),
                   "kgate_version": subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip(),
-                  "wsbench": bench.WSBENCH, "parts": PARTS, "versions": bench.versions()},
+                  "client": os.path.relpath(bench.CLIENT, _REPO), "parts": PARTS, "versions": bench.versions()},
          "errors": []}
     live, interrupted = [], False
     try:

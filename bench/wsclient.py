@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""The benchmark's clients: execute round trips and an output flood, either straight to a kernel
+over ZMQ (the floor, no gateway in between) or through a Jupyter gateway's websocket channels
+(jupyter_server, kgate, or any server with the same REST and websocket API).
+
+usage: wsclient.py direct N [--store-history]
+       wsclient.py direct-flood MEGABYTES
+       wsclient.py gateway URL TOKEN N [--kernel NAME] [--store-history]
+       wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check]
+
+direct, direct-flood  start a python3 kernel with jupyter_client's KernelManager and talk to its
+                      shell (DEALER) and iopub (SUB) sockets with blocking polls.
+gateway, flood        POST URL/api/kernels, open URL/api/kernels/{id}/channels with the token in
+                      an Authorization header (TCP_NODELAY on), DELETE the kernel at the end.
+
+A round trip is one execute_request for `1+1`, from sending it until both its execute_reply and
+the iopub `status: idle` that it caused have arrived. Once the kernel answers kernel_info, 20
+untimed round trips come first, then N timed ones. The flood is one cell that writes MEGABYTES
+x 1024 lines of 1023 `x` and a newline to stdout; its time runs from sending the cell until its
+reply and idle status, and the stdout text that reached the client is counted.
+
+Every execute_request asks for store_history=False unless --store-history is given.
+--no-utf8-check turns off websocket-client's pure-Python UTF-8 check of text frames, which
+otherwise costs the client more than the gateway costs (see bench/README.md).
+
+Prints one JSON line: latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
+"p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
+"seconds", "MB_per_s"}. Exit status 0, or 1 with the reason on stderr.
+"""
+import argparse
+import datetime
+import json
+import select
+import socket
+import statistics
+import sys
+import time
+import urllib.request
+import uuid
+
+WARMUP = 20
+READY_TIMEOUT = 60.0     # kernel start until kernel_info is answered
+MESSAGE_TIMEOUT = 60.0   # the longest wait for any one message of a round trip
+LINE = 1023              # characters of `x` on each flood line, plus its newline
+
+
+def flood_code(megabytes):
+    return ("import sys\n"
+            "_line = 'x' * %d + '\\n'\n"
+            "for _ in range(%d):\n"
+            "    sys.stdout.write(_line)\n"
+            "sys.stdout.flush()\n" % (LINE, megabytes * 1024))
+
+
+def execute_content(code, store_history):
+    return {"code": code, "silent": False, "store_history": store_history, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": True}
+
+
+class Round:
+    """What one request is waiting for: its shell reply and its iopub idle; stdout text counted."""
+
+    def __init__(self, msg_id, reply_type):
+        self.msg_id, self.reply_type = msg_id, reply_type
+        self.replied = self.idle = False
+        self.stdout_chars = 0
+
+    def feed(self, msg_type, parent_id, content):
+        if parent_id != self.msg_id:
+            return
+        if msg_type == self.reply_type:
+            self.replied = True
+        elif msg_type == "status" and content.get("execution_state") == "idle":
+            self.idle = True
+        elif msg_type == "stream" and content.get("name") == "stdout":
+            self.stdout_chars += len(content.get("text", ""))
+
+    @property
+    def done(self):
+        return self.replied and self.idle
+
+
+class DirectKernel:
+    """A kernel of our own, reached over its ZMQ sockets with no gateway in between."""
+
+    def __init__(self, store_history):
+        import zmq
+        from jupyter_client.manager import KernelManager
+        self.zmq, self.store_history = zmq, store_history
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel()
+        self.session = self.km.session
+        self.shell = self.km.connect_shell()
+        self.iopub = self.km.connect_iopub()     # subscribed to every topic
+        self.poller = zmq.Poller()
+        self.poller.register(self.shell, zmq.POLLIN)
+        self.poller.register(self.iopub, zmq.POLLIN)
+
+    def request(self, msg_type, content, timeout=MESSAGE_TIMEOUT):
+        sent = self.session.send(self.shell, msg_type, content)
+        r = Round(sent["header"]["msg_id"], msg_type.replace("_request", "_reply"))
+        deadline = time.monotonic() + timeout
+        while not r.done:
+            left = deadline - time.monotonic()
+            events = self.poller.poll(max(0, left) * 1000) if left > 0 else []
+            if not events:
+                raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
+            for sock, _ in events:
+                _, frames = self.session.feed_identities(sock.recv_multipart())
+                m = self.session.deserialize(frames)
+                r.feed(m["msg_type"], m["parent_header"].get("msg_id"), m["content"])
+        return r
+
+    def execute(self, code):
+        return self.request("execute_request", execute_content(code, self.store_history)).stdout_chars
+
+    def wait_ready(self):
+        """kernel_info until its reply and idle both arrive: the kernel is up and the iopub SUB
+        socket is connected (a SUB misses what is published before it joins)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                self.request("kernel_info_request", {}, timeout=1.0)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline or not self.km.is_alive():
+                    raise TimeoutError("kernel did not answer kernel_info within %g s" % READY_TIMEOUT)
+
+    def close(self):
+        for sock in (self.shell, self.iopub):
+            sock.close(linger=0)
+        self.km.shutdown_kernel(now=True)
+
+
+class GatewayKernel:
+    """A kernel started through a gateway's REST API and reached over its channels websocket."""
+
+    def __init__(self, url, token, kernel_name, store_history, utf8_check=True):
+        import websocket
+        self.websocket = websocket
+        self.url, self.token, self.store_history = url.rstrip("/"), token, store_history
+        self.session_id = uuid.uuid4().hex
+        self.kernel_id = self.rest("POST", "/api/kernels", {"name": kernel_name})["id"]
+        ws_url = "ws" + self.url[len("http"):] + "/api/kernels/%s/channels" % self.kernel_id
+        try:
+            self.ws = websocket.create_connection(
+                ws_url, header=["Authorization: token " + token], timeout=MESSAGE_TIMEOUT,
+                sockopt=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
+                skip_utf8_validation=not utf8_check)
+        except Exception:
+            self.rest("DELETE", "/api/kernels/" + self.kernel_id)
+            raise
+
+    def rest(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": "token " + self.token,
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=MESSAGE_TIMEOUT) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    def request(self, msg_type, content, timeout=MESSAGE_TIMEOUT):
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "channel": "shell",
+            "header": {"msg_id": msg_id, "msg_type": msg_type, "session": self.session_id,
+                       "username": "bench", "version": "5.3",
+                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+            "parent_header": {}, "metadata": {}, "content": content}))
+        r = Round(msg_id, msg_type.replace("_request", "_reply"))
+        deadline = time.monotonic() + timeout
+        while not r.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
+            # a short wait (the readiness probe) must not cut a frame in half, so it waits for the
+            # socket first; the timed round trips just block in recv (its socket timeout is the bound)
+            if timeout < MESSAGE_TIMEOUT and not select.select([self.ws.sock], [], [], left)[0]:
+                continue
+            m = json.loads(self.ws.recv())
+            r.feed(m.get("msg_type"), (m.get("parent_header") or {}).get("msg_id"), m.get("content") or {})
+        return r
+
+    def execute(self, code):
+        return self.request("execute_request", execute_content(code, self.store_history)).stdout_chars
+
+    def wait_ready(self):
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            try:
+                self.request("kernel_info_request", {}, timeout=2.0)
+                return
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("kernel %s did not answer kernel_info within %g s"
+                                       % (self.kernel_id, READY_TIMEOUT))
+
+    def close(self):
+        try:
+            self.ws.close()
+        finally:
+            self.rest("DELETE", "/api/kernels/" + self.kernel_id)
+
+
+def nearest_rank(ordered, q):
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def measure_latency(kernel, n, mode):
+    for _ in range(WARMUP):
+        kernel.execute("1+1")
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        kernel.execute("1+1")
+        times.append(time.perf_counter() - t0)
+    us = sorted(t * 1e6 for t in times)
+    return {"mode": mode, "n": n, "warmup": WARMUP, "median_us": round(statistics.median(us)),
+            "p10_us": round(nearest_rank(us, 0.10)), "p90_us": round(nearest_rank(us, 0.90)),
+            "p99_us": round(nearest_rank(us, 0.99)), "min_us": round(us[0]), "max_us": round(us[-1])}
+
+
+def measure_flood(kernel, megabytes, mode):
+    code = flood_code(megabytes)
+    t0 = time.perf_counter()
+    received = kernel.execute(code)
+    seconds = time.perf_counter() - t0
+    return {"mode": mode, "printed_bytes": megabytes * 1024 * (LINE + 1), "received_bytes": received,
+            "seconds": round(seconds, 3), "MB_per_s": round(received / seconds / 1e6, 1)}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="wsclient.py", description="kgate benchmark clients")
+    sub = p.add_subparsers(dest="mode", required=True)
+    d = sub.add_parser("direct", help="N round trips over raw ZMQ")
+    d.add_argument("n", type=int)
+    d.add_argument("--store-history", action="store_true")
+    d = sub.add_parser("direct-flood", help="the flood over raw ZMQ")
+    d.add_argument("megabytes", type=int)
+    for name, what in (("gateway", "n"), ("flood", "megabytes")):
+        g = sub.add_parser(name, help="through a gateway's websocket")
+        g.add_argument("url")
+        g.add_argument("token")
+        g.add_argument(what, type=int)
+        g.add_argument("--kernel", default="python3")
+        if name == "gateway":
+            g.add_argument("--store-history", action="store_true")
+        else:
+            g.add_argument("--no-utf8-check", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv):
+    a = parse_args(argv)
+    if a.mode in ("direct", "direct-flood"):
+        kernel = DirectKernel(getattr(a, "store_history", False))
+    else:
+        kernel = GatewayKernel(a.url, a.token, a.kernel, getattr(a, "store_history", False),
+                               utf8_check=not getattr(a, "no_utf8_check", False))
+    try:
+        kernel.wait_ready()
+        if a.mode in ("direct", "gateway"):
+            result = measure_latency(kernel, a.n, a.mode)
+        else:
+            result = measure_flood(kernel, a.megabytes, a.mode)
+    finally:
+        kernel.close()
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception as e:   # the harness shows stderr's tail; one line with the cause is enough
+        print("wsclient: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        sys.exit(1)
