@@ -8,6 +8,7 @@
 #include "api.hpp"
 #include "agent_session.hpp"
 #include "listener.hpp"
+#include "redact.hpp"
 #include "server.hpp"
 #include "ws_session.hpp"
 
@@ -126,7 +127,7 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
     return write(std::move(res));
   }
   // No request may take the daemon down: an exception from a handler is the client's 500.
-  std::string what = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
+  std::string what = std::string(req.method_string()) + " " + loggable_target(req.target());
   try {
     dispatch(std::move(req));
   } catch (const std::exception& e) {
@@ -139,8 +140,13 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
 }
 
 void HttpSession::dispatch(http::request<http::string_body> req) {
-  if (auto refusal = check_request(server_, req, RequestContext{peer_loopback_, is_unix(stream_)}))
+  // CORS: every answer to a listed Origin carries Access-Control-Allow-Origin (errors too, so
+  // the page can read them); a preflight's answer has its own.
+  const std::string origin(req[http::field::origin]);
+  if (auto refusal = check_request(server_, req, RequestContext{peer_loopback_, is_unix(stream_)})) {
+    if (!is_cors_preflight(req)) add_cors_headers(server_.options(), origin, *refusal);
     return write(std::move(*refusal));
+  }
 
   if (websocket::is_upgrade(req)) {
     std::string path, query;
@@ -178,7 +184,10 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
   }
   server_.touch();
   RequestContext ctx{peer_loopback_, is_unix(stream_)};
-  handle_api(server_, req, ctx, [self = shared_from_this()](Response res) { self->write(std::move(res)); });
+  handle_api(server_, req, ctx, [self = shared_from_this(), origin](Response res) {
+    add_cors_headers(self->server_.options(), origin, res);
+    self->write(std::move(res));
+  });
 }
 
 void HttpSession::write(Response res) {

@@ -94,7 +94,7 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
                           const std::string& session_id) {
   Clients& c = kernels_[kernel->id()];
   Attached a;
-  std::optional<Replay> replay;
+  bool noticed = false;  // a drop notice is in the replay
   if (session_id.empty()) {
     // A sessionless client adopts the replay of the last sessionless one, if it is fresh.
     if (!c.sessionless_route.empty() && c.detached.count(c.sessionless_route)) {
@@ -112,9 +112,11 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
                    kernel->id(), a.route);
       Unsent u = old->replace();
       a.replay = std::move(u.msgs);
-      if (u.dropped)
+      if (u.dropped) {
         a.replay.push_back(drop_notice(kernel, u.dropped, u.dropped_bytes,
                                        "the connection read too slowly"));
+        noticed = true;
+      }
     }
     c.live.erase(l);
   }
@@ -122,12 +124,17 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
     Replay& r = d->second;
     std::deque<OutPtr> kept = std::move(r.msgs);
     for (auto& m : kept) a.replay.push_back(m);
-    if (r.dropped)
+    if (r.dropped) {
       a.replay.push_back(drop_notice(kernel, r.dropped, r.dropped_bytes,
                                      r.expired ? "it was away longer than the replay window"
                                                : "the replay buffer limit was reached"));
+      noticed = true;
+    }
     c.detached.erase(d);
   }
+  // A client that missed messages may have missed the kernel's last status too (the idle that
+  // ended a cell): after the notice it gets one with the state the kernel is in now.
+  if (noticed) a.replay.push_back(state_notice(kernel));
   c.live[a.route] = client;
   ++connections_;
   kernel->add_connection(1);
@@ -142,6 +149,12 @@ OutPtr Hub::drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_
   auto m = std::make_shared<KernelMessage>(synthesize_message(
       Channel::iopub, "stream", "kgate", "{}", json{{"name", "stderr"}, {"text", text}}));
   spdlog::warn("kernel {}: {}", kernel->id(), text.substr(0, text.size() - 1));
+  return std::make_shared<OutMsg>(std::move(m), ++seq_);
+}
+
+OutPtr Hub::state_notice(const KernelPtr& kernel) {
+  auto m = std::make_shared<KernelMessage>(synthesize_message(
+      Channel::iopub, "status", "kgate", "{}", json{{"execution_state", kernel->execution_state()}}));
   return std::make_shared<OutMsg>(std::move(m), ++seq_);
 }
 

@@ -79,6 +79,8 @@ class Hub final : public KernelObserver {
   // A "[kgate] N message(s) dropped" stderr stream message for a client.
   OutPtr drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_t bytes,
                      const std::string& why);
+  // A `status` iopub message with the kernel's execution state now; follows a drop notice.
+  OutPtr state_notice(const KernelPtr& kernel);
   int connections() const { return connections_; }
   void close_all(const std::string& why);
 

@@ -141,6 +141,10 @@ void WarmPool::fill_from(const std::string& name, const KernelSpec& spec) {
 void WarmPool::on_started(const std::string& name, const std::string& fp, StartResult r) {
   SpecPool& p = pools_[name];
   if (p.starting > 0) --p.starting;
+  if (!r.kernel && stopping_) {  // kgate's shutdown ended the start: not a failure to report
+    spdlog::debug("warm pool: a {} kernel's start ended by the shutdown ({})", name, r.error);
+    return;
+  }
   if (!r.kernel) {
     p.error = "the last start failed: " + r.error;
     p.backoff = p.backoff.count() == 0 ? kFirstBackoff : std::min(kMaxBackoff, p.backoff * 2);
@@ -159,11 +163,22 @@ void WarmPool::on_started(const std::string& name, const std::string& fp, StartR
   spdlog::info("warm pool: kernel {} ({}) ready ({} of {})", r.kernel->id(), name, p.ready.size(), p.want);
 }
 
+std::size_t WarmPool::stop() {
+  stopping_ = true;
+  std::size_t n = 0;
+  for (const auto& [name, p] : pools_) n += p.ready.size() + p.starting;
+  return n;
+}
+
 void WarmPool::on_lost(const std::string& name, const std::string& id, const std::string& why) {
   SpecPool& p = pools_[name];
   auto it = std::find(p.ready.begin(), p.ready.end(), id);
   if (it == p.ready.end()) return;  // handed out or discarded already
   p.ready.erase(it);
+  if (stopping_) {  // kgate's own shutdown stopped it: nothing was lost, nothing is replaced
+    spdlog::debug("warm pool: pooled kernel {} stopped", id);
+    return;
+  }
   spdlog::warn("warm pool: pooled kernel {} lost ({}); starting another", id, why);
   fill(name);
 }

@@ -41,8 +41,9 @@ class WarmPool {
   void start(StartRequest sr, std::function<void(StartResult)> done);
   // {"kernels": {name: {"size", "ready", "starting", "handed_out", "cold_starts", "error"?}}}
   nlohmann::json status() const;
-  // No more refills (the gateway is stopping); the manager stops the pooled kernels.
-  void stop() { stopping_ = true; }
+  // No more refills (the gateway is stopping); the manager stops the pooled kernels. Returns
+  // how many pooled kernels were ready, for the shutdown log.
+  std::size_t stop();
 
  private:
   struct SpecPool {

@@ -91,6 +91,7 @@ void Server::run() {
   sweep_jobs();
   arm_cull_timer();
   pool_->configure();  // the first warm kernels start once the catalog is known
+  warn_default_kernel(opts_.default_kernel, "");
   arm_hup();
   notify_ready(endpoint_, opts_.base_url);  // sd_notify READY=1; a no-op outside systemd
   // The last line of defence: a handler that throws is a bug (each HTTP request has its own
@@ -112,16 +113,21 @@ void Server::stop() {
 void Server::on_signal(beast::error_code ec, int sig) {
   if (ec || stopping_) return;
   stopping_ = true;
-  notify_stopping(manager_->count());
-  spdlog::info("{}: shutting down {} kernel(s)", sig ? strsignal(sig) : "stop", manager_->count());
+  const std::size_t kernels = manager_->count();
+  notify_stopping(kernels);
   beast::error_code ignored;
   acceptor_.close(ignored);
   unix_.close();  // and its file
   sweep_timer_.cancel();
   cull_timer_.cancel();
-  pool_->stop();
+  const std::size_t pooled = pool_->stop();
+  spdlog::info("{}: shutting down {} kernel(s) and {} warm-pool kernel(s)", sig ? strsignal(sig) : "stop", kernels,
+               pooled);
   hup_.cancel();
+  const auto began = std::chrono::steady_clock::now();
   manager_->shutdown_all();
+  spdlog::info("stopped {} kernel(s) in {} ms", kernels + pooled,
+               std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count());
   waiters_.cancel_all();
   hub_.close_all("kgate is shutting down");
   signals_.cancel();
@@ -330,6 +336,7 @@ void Server::reload() {
                opts_.token.empty() ? "off" : "required", token_changed ? ", changed" : "",
                opts_.max_kernels, opts_.pool.size);
   for (const auto& key : restart) spdlog::warn("SIGHUP: {} changed; it takes a restart of kgate", key);
+  warn_default_kernel(n.default_kernel, "SIGHUP: ");
 }
 
 std::optional<std::string> Server::admit() {
@@ -356,6 +363,19 @@ std::optional<std::string> Server::admit() {
 void Server::admitted(const std::string& id) {
   if (starts_pending_ > 0) --starts_pending_;
   if (!id.empty()) admitted_kernels_.push_back(id);
+}
+
+void Server::reserve_kernel_id(const std::string& id, bool on) {
+  if (on) reserved_ids_.insert(id);
+  else reserved_ids_.erase(id);
+}
+
+void Server::warn_default_kernel(const std::string& default_kernel, const char* when) {
+  // Once the full discovery is done: a first quick pass does not know every kernelspec yet.
+  with_catalog([default_kernel, when](std::shared_ptr<const Catalog> cat) {
+    if (!cat) return;
+    if (auto w = default_kernel_warning(*cat, default_kernel); !w.empty()) spdlog::warn("{}{}", when, w);
+  }, default_kernel);
 }
 
 std::string Server::last_activity() const { return last_activity_; }

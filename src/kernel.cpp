@@ -248,12 +248,21 @@ struct KernelIo {
   int attempts = 0;
   std::uint64_t epoch = 0;  // bumped per launch: stale timers check it
 
-  // Readiness: a kernel_info_reply plus any iopub message since the request.
-  std::string ready_msg_id;
+  // Readiness, per launch: a kernel_info_reply to any of this launch's requests, any iopub
+  // message, and stdin's handshake. Each fact, once seen, stays seen for the launch: a reply
+  // that comes after the next resend still counts (a loaded kernel can take longer than the
+  // resend interval to answer, and only the newest request used to count).
   std::uint64_t info_seq = 0;  // bumped per kernel_info_request: an older resend timer is stale
   bool ready_reply = false;
   bool iopub_seen = false;
+  int info_sent = 0;           // kernel_info_requests of this launch, for the diagnosis
+  // Their msg_ids: the busy/idle they cause may come after the kernel is ready (iopub and shell
+  // are separate connections, and ipykernel sends iopub from a thread of its own), and must not
+  // move the execution state a ready kernel starts with (idle) to busy.
+  std::set<std::string> readiness_ids;
+  bool stall_relaunched = false;  // one relaunch of a kernel that started but never got ready
   Clock::time_point ready_deadline;
+  Clock::time_point stall_deadline;  // launch + ready_timeout / 3: then relaunch once
   std::vector<std::function<void(StartResult)>> start_waiters;
   std::vector<std::function<void(bool)>> stop_waiters;
   bool restart_requested = false;
@@ -357,6 +366,7 @@ struct KernelManager::Impl {
   std::string send_internal(KernelIo& k, Channel ch, const std::string& msg_type, json content);
   void check_handout(KernelIo& k);
   void send_kernel_info(KernelIo& k);
+  std::string readiness_missing(const KernelIo& k) const;  // what readiness still waits for
   void check_ready(KernelIo& k);
   void became_ready(KernelIo& k);
   void fail_start(KernelIo& k, const std::string& why);
@@ -421,7 +431,10 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
   k.ready_reply = false;
   k.iopub_seen = false;
+  k.info_sent = 0;
+  k.readiness_ids.clear();
   k.ready_deadline = Clock::now() + opts.ready_timeout;
+  k.stall_deadline = Clock::now() + opts.ready_timeout / 3;
   send_kernel_info(k);
 }
 
@@ -519,7 +532,6 @@ std::string KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const st
   std::string id = header["msg_id"].get<std::string>();
   k.internal.insert(id);
   if (ch == Channel::control) k.remember_control(id);
-  if (msg_type == "kernel_info_request") k.ready_msg_id = id;
   zmq::socket_t& s = ch == Channel::control ? *k.control : *k.shell;
   if (!send_frames(s, encode(w, *k.signer))) {
     spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
@@ -529,16 +541,46 @@ std::string KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const st
   return id;
 }
 
+std::string KernelManager::Impl::readiness_missing(const KernelIo& k) const {
+  std::vector<std::string> missing;
+  if (!k.ready_reply) missing.push_back("no kernel_info_reply to " + std::to_string(k.info_sent) + " request(s)");
+  if (!k.iopub_seen) missing.push_back("no iopub message");
+  if (!k.stdin_up) missing.push_back("stdin never connected");
+  std::string out;
+  for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
+  return out;
+}
+
 void KernelManager::Impl::send_kernel_info(KernelIo& k) {
   if (k.phase != Phase::launching && k.phase != Phase::restarting) return;
-  if (Clock::now() > k.ready_deadline) {
-    fail_start(k, "kernel did not become ready within " +
-                      std::to_string(opts.ready_timeout.count() / 1000) + " s");
+  const auto now = Clock::now();
+  if (now > k.ready_deadline) {
+    fail_start(k, "kernel did not become ready within " + std::to_string(opts.ready_timeout.count() / 1000) +
+                      " s (" + readiness_missing(k) + ")");
     return;
   }
-  k.iopub_seen = false;
-  k.ready_reply = false;
-  send_internal(k, Channel::shell, "kernel_info_request", json::object());
+  if (now > k.stall_deadline && !k.stall_relaunched) {
+    // The process is alive but one half of the handshake never came (a socket that connected to
+    // something else than the kernel, a kernel wedged in its start): start it again, once, on
+    // fresh ports, rather than wait out the whole deadline and fail the request.
+    k.stall_relaunched = true;
+    spdlog::warn("kernel {}: not ready after {} s ({}); relaunching it once on fresh ports", k.kernel->id(),
+                 std::chrono::duration_cast<std::chrono::seconds>(opts.ready_timeout / 3).count(),
+                 readiness_missing(k));
+    if (k.proc.running()) {
+      k.proc.signal_group(SIGKILL);
+      k.proc.wait_for_exit(1000);
+    }
+    try {
+      launch(k, /*fresh_ports=*/true);
+    } catch (const std::exception& e) {
+      fail_start(k, e.what());
+    }
+    return;
+  }
+  ++k.info_sent;
+  if (auto sent = send_internal(k, Channel::shell, "kernel_info_request", json::object()); !sent.empty())
+    k.readiness_ids.insert(std::move(sent));
   // Resend until both halves of readiness are seen: every request produces busy/idle on
   // iopub, so a reply without iopub means the subscription was not live yet (then the reply
   // itself resends at once, see handle_message; this timer covers a kernel still starting).
@@ -563,6 +605,7 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.restart_requested = false;
   ++k.epoch;  // cancels the readiness resend timer
   k.attempts = 0;
+  k.stall_relaunched = false;  // a later restart may relaunch once too
   k.kernel->set_state("idle");
   k.kernel->touch();
   spdlog::info("kernel {}: ready{}", k.kernel->id(), was_restart ? " after restart" : "");
@@ -750,7 +793,8 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       json content = json::parse(m.wire.content, nullptr, false);
       std::string state = content.is_object() ? content.value("execution_state", "") : "";
       // The busy/idle around a control request says nothing about the shell: skip it.
-      if (k.phase == Phase::ready && !control_parent && (state == "busy" || state == "idle"))
+      if (k.phase == Phase::ready && !control_parent && !k.readiness_ids.count(m.parent_msg_id) &&
+          (state == "busy" || state == "idle"))
         k.kernel->set_state(state);
       if (k.handout && state == "idle" && m.parent_msg_id == k.handout->msg_id) {
         k.handout->idle = true;
@@ -779,7 +823,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
   }
   // shell / control replies
   if (k.internal.erase(m.parent_msg_id)) {
-    if (m.msg_type == "kernel_info_reply" && m.parent_msg_id == k.ready_msg_id) {
+    if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
       k.ready_reply = true;
       check_ready(k);
       if ((k.phase == Phase::launching || k.phase == Phase::restarting) && !k.iopub_seen) {
@@ -1157,7 +1201,7 @@ KernelManager::~KernelManager() {
 }
 
 void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
-  auto kernel = std::make_shared<Kernel>(new_uuid(), std::move(req.spec));
+  auto kernel = std::make_shared<Kernel>(req.id.empty() ? new_uuid() : req.id, std::move(req.spec));
   kernel->set_cull_idle_timeout(req.cull_idle_timeout);
   kernel->set_pooled(req.pooled);
   impl_->post([this, kernel, req = std::move(req), done = std::move(done)]() mutable {

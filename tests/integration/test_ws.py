@@ -398,7 +398,8 @@ for i in range({CAP_CHUNKS}):
 
 def test_replay_cap_reports_dropped_messages(kgate_factory, tmp_path):
     """Past the replay cap the oldest buffered messages are dropped and the reconnecting
-    client gets a stderr stream message saying how many. (Cap lowered via --config.)"""
+    client gets a stderr stream message saying how many, then a status with the kernel's
+    current state. (Cap lowered via --config.)"""
     config = tmp_path / "kgate.toml"
     config.write_text("[limits]\nreplay_messages = 20\n")
     kg = kgate_factory(config=config)
@@ -440,3 +441,10 @@ def test_replay_cap_reports_dropped_messages(kgate_factory, tmp_path):
         f"notice does not state the number of dropped messages (~{missing_streams}): "
         f"{notices[0]['content']['text']!r}")
     assert idx[-1] == CAP_CHUNKS - 1, "the newest output must be kept (oldest dropped)"
+    # After the notice comes a status with the kernel's state now: the idle that ended the
+    # cell may be among the dropped messages, and a client must not think the kernel busy.
+    at = got.index(notices[0])
+    after = [m for m in got[at + 1:] if m.get("msg_type") == "status"]
+    assert after, f"no status after the drop notice; got {[m.get('msg_type') for m in got[at:]]}"
+    assert after[0]["channel"] == "iopub"
+    assert after[0]["content"]["execution_state"] == "idle", after[0]
