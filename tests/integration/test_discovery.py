@@ -1,4 +1,4 @@
-"""Kernel discovery (issue 5): kernelspec precedence and loading from fixture trees, Python
+"""Kernel discovery: kernelspec precedence and loading from fixture trees, Python
 environments made in the test (a venv with ipykernel and one without), `kgate kernelspecs`,
 and a stock jupyter_server in --gateway-url mode taking every kgate kernelspec."""
 

@@ -1,4 +1,4 @@
-"""TLS gateways (issue 6, client side): kgate-mcp and `kgate kernels --host` speak https:// and
+"""TLS gateways, the client side: kgate-mcp and `kgate kernels --host` speak https:// and
 wss:// to a stock jupyter_server that serves a self-signed certificate.
 
 Certificates are checked by default, so that server is refused with a named error; `verify =

@@ -1,4 +1,4 @@
-"""Transcript tests for kgate-mcp's protocol layer (issue 4, acceptance item 3).
+"""Transcript tests for kgate-mcp's protocol layer: JSON-RPC errors, EOF and a clean stdout.
 
 They drive the real binary over its stdin and stdout: malformed lines, unknown methods, bad
 params, an unknown tool and requests before initialize. Each of these must get the right JSON-RPC

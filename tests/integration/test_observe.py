@@ -1,4 +1,4 @@
-"""Acceptance 5: the observe page in headless Chromium.
+"""The observe page in headless Chromium: it lists a kernel's jobs, shows a job, stops one.
 
 kgate (with a token) runs a kernel with a few agent-path cells; Chromium, driven over the
 DevTools protocol (cdp.py), opens {url}/observe?token=T and must list the kernel's jobs, show a

@@ -1,4 +1,4 @@
-"""Remote kernel listing (issue 5, "Remote"): `kgate kernels --host NAME|URL [--json]` and
+"""Remote kernel listing: `kgate kernels --host NAME|URL [--json]` and
 kgate-mcp's `list_kernels(host)` list the kernelspecs, kernels and sessions of a second kgate
 (with a token) and of a stock jupyter_server, with the token taken from gateways.toml. A wrong
 token, an unknown name, a dead port and a TLS server each give a clear message, and the token is

@@ -92,7 +92,7 @@ def test_websocket_upgrade_with_a_target_that_is_not_utf8_is_400(kgate, shared_k
 
 def test_empty_authorization_token_is_ignored_without_auth(kgate):
     """jupyter_server's GatewayClient always sends `Authorization: token <tok>`, even with an
-    empty token (reference 5.2 item 6). Without --token that must not be rejected."""
+    empty token. Without --token that must not be rejected."""
     for value in ("token", "token "):
         status, _, body = kgate.rest("GET", "/api/kernelspecs", headers={"Authorization": value})
         assert status == 200, f"Authorization: {value!r} -> {status} {body!r}"
