@@ -2,6 +2,7 @@
 // and the observe page.
 #include "jobs_api.hpp"
 
+#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 
@@ -400,8 +401,11 @@ void get_notebook(Server& server, const Request& req, const std::string& id, Res
 
 std::string attach_command(const KernelSpec& spec, const std::string& connection_file) {
   // The kernel's own interpreter when it is a Python one, else Debian's.  Which of qtconsole and
-  // jupyter_console it has is looked up once per interpreter (an import check, in the
-  // background of the first call), so this never blocks on a slow interpreter.
+  // jupyter_console it has is looked up once per interpreter (an import check in a thread of
+  // its own).  A call while that runs waits for it, until kProbeWait after it started, so the
+  // first answer is already right (the check takes some 80 ms) and a slow or hung interpreter
+  // holds up the callers for kProbeWait once in all, not each call.
+  constexpr auto kProbeWait = std::chrono::seconds(2);
   std::string python = "/usr/bin/python3";
   if (!spec.argv.empty()) {
     std::string base = std::filesystem::path(spec.argv[0]).filename().string();
@@ -411,18 +415,21 @@ std::string attach_command(const KernelSpec& spec, const std::string& connection
   // into is never destroyed (a static object would be, under the thread's feet: TSan found it).
   struct ConsoleTable {
     std::mutex mu;
+    std::condition_variable probed;
     std::map<std::string, std::string> modules;  // python -> module ("" = none, "?" = probing)
+    std::map<std::string, std::chrono::steady_clock::time_point> waits;  // python -> no waits after
   };
   static ConsoleTable* const table = new ConsoleTable;
   auto& mu = table->mu;
+  auto& probed = table->probed;
   auto& modules = table->modules;
   std::string module;
   {
-    std::lock_guard lk(mu);
-    auto it = modules.find(python);
-    if (it == modules.end()) {
+    std::unique_lock lk(mu);
+    if (!modules.contains(python)) {
       modules[python] = "?";
-      std::thread([python, &mu, &modules] {
+      table->waits[python] = std::chrono::steady_clock::now() + kProbeWait;
+      std::thread([python, &mu, &probed, &modules] {
         std::string cmd = shell_quote(python) +
                           " -c 'import importlib.util as u; print(\"qtconsole\" if u.find_spec(\"qtconsole\") else "
                           "\"jupyter_console\" if u.find_spec(\"jupyter_console\") else \"\")' 2>/dev/null";
@@ -433,13 +440,15 @@ std::string attach_command(const KernelSpec& spec, const std::string& connection
           ::pclose(p);
         }
         while (!found.empty() && (found.back() == '\n' || found.back() == '\r')) found.pop_back();
-        std::lock_guard lk2(mu);
-        modules[python] = found;
+        {
+          std::lock_guard lk2(mu);
+          modules[python] = found;
+        }
+        probed.notify_all();
       }).detach();
-      module = "?";
-    } else {
-      module = it->second;
     }
+    probed.wait_until(lk, table->waits[python], [&] { return modules[python] != "?"; });
+    module = modules[python];
   }
   if (module == "qtconsole") return shell_quote(python) + " -m qtconsole --existing " + shell_quote(connection_file);
   // jupyter_console, or not known yet / neither installed: the console is the usual one.

@@ -9,6 +9,7 @@ PKGS=(
   python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
   python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib python3-venv
   jupyter-console python3-notebook chromium libstb-dev libsimdjson-dev procps
+  python3-qtconsole python3-qtpy python3-pyqt5  # qtconsole: the attach command, and its widget test (offscreen)
   libsystemd-dev systemd openssl
   clang libclang-rt-14-dev llvm wrk
 )
