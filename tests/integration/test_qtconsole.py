@@ -202,6 +202,20 @@ class Widget:
 
 
 @pytest.fixture
+def agents(mcp_bin, kgate, tmp_path):
+    started = []
+
+    def start():
+        a = Agent(mcp_bin, tmp_path / f"agent{len(started)}", kgate.url)
+        started.append(a)
+        return a
+
+    yield start
+    for a in started:
+        a.m.kill()
+
+
+@pytest.fixture
 def widgets(tmp_path):
     script = tmp_path / "widget.py"
     script.write_text(WIDGET_SCRIPT)
@@ -224,14 +238,14 @@ def attach_argv(kgate, kernel):
     return model["attach_command"], shlex.split(model["attach_command"])
 
 
-def test_attach_command_names_qtconsole_from_the_first_read(kgate, mcp_bin, tmp_path):
+def test_attach_command_names_qtconsole_from_the_first_read(kgate, agents):
     # The test kernelspec runs /usr/bin/python3, which has qtconsole. The first read of a new
     # kgate's kernel model must already say so, and so must the agent's server_status.
     kernel = kgate.start_kernel()["id"]
     command, argv = attach_argv(kgate, kernel)
     assert argv[:3] == ["/usr/bin/python3", "-m", "qtconsole"], command
     assert argv[3:] == ["--existing", str(kgate.connection_file(kernel))], command
-    agent = Agent(mcp_bin, tmp_path / "agent", kgate.url)
+    agent = agents()
     agent.ok("connect", kernel=kernel)
     status = agent.ok("server_status")
     assert "attach a console: " + command in status, status
@@ -239,9 +253,9 @@ def test_attach_command_names_qtconsole_from_the_first_read(kgate, mcp_bin, tmp_
 
 
 def test_widget_cell_is_a_user_job_the_agent_is_told_of_and_sees_the_agents_output(
-        kgate, mcp_bin, widgets, tmp_path):
+        kgate, agents, widgets):
     kernel = kgate.start_kernel()["id"]
-    agent = Agent(mcp_bin, tmp_path / "agent", kgate.url)
+    agent = agents()
     agent.ok("connect", kernel=kernel)
     command, argv = attach_argv(kgate, kernel)
     assert argv[1:3] == ["-m", "qtconsole"], command
