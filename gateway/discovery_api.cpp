@@ -1,6 +1,7 @@
 // GET /api/kgate/kernelspecs: the kernel catalog with every entry's verdict (discovery.hpp).
 #include "discovery_api.hpp"
 
+#include "kgate/utf8.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -12,7 +13,7 @@ constexpr auto kRefreshWait = std::chrono::seconds(60);
 Response catalog_response(Server& server, const Request& fake, const Catalog& cat) {
   json j = catalog_json(cat);
   j["generation"] = server.discovery().generation();
-  return json_response(fake, http::status::ok, j.dump());
+  return json_response(fake, http::status::ok, kgate::dump_json(j));
 }
 
 }  // namespace

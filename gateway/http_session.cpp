@@ -127,11 +127,11 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
     return write(std::move(res));
   }
   // No request may take the daemon down: an exception from a handler is the client's 500.
-  std::string what = std::string(req.method_string()) + " " + loggable_target(req.target());
+  std::string method(req.method_string()), target(req.target());
   try {
     dispatch(std::move(req));
   } catch (const std::exception& e) {
-    spdlog::error("internal error serving {}: {}", what, e.what());
+    log_internal_error(method, target, e.what());
     Request bare;
     bare.version(11);
     bare.keep_alive(false);

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include <spdlog/spdlog.h>
+
 namespace kgate::gw {
 
 // True for a query parameter whose value is a credential: `token` (the Jupyter URL token),
@@ -51,6 +53,12 @@ inline std::string loggable_target(std::string_view target, std::size_t max_byte
     out.append("...");
   }
   return out;
+}
+
+// The log line for a request whose handler threw (HttpSession's catch-all): the method, the
+// target with its secrets blanked, and the exception's text.
+inline void log_internal_error(std::string_view method, std::string_view target, std::string_view what) {
+  spdlog::error("internal error serving {} {}: {}", method, loggable_target(target), what);
 }
 
 }  // namespace kgate::gw

@@ -1,5 +1,6 @@
 // Kernelspecs: reading and validating kernel.json, scanning kernelspec directories, ${VAR} expansion.
 #include "kgate/kernelspec.hpp"
+#include "kgate/utf8.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -156,6 +157,11 @@ KernelSpecScan scan_kernelspecs(const std::vector<fs::path>& dirs) {
 
     for (const auto& sub : subdirs) {
       const std::string name = to_lower(sub.filename().string());
+      if (!is_valid_utf8(name)) {  // a file name is bytes; a kernelspec name travels in JSON
+        scan.warnings.push_back(valid_utf8(sub.string()) +
+                                ": skipped: a kernelspec's directory name must be valid UTF-8");
+        continue;
+      }
       if (scan.specs.count(name)) continue;  // an earlier directory (or case-variant) wins
       try {
         scan.specs.emplace(name, load_kernelspec(sub));

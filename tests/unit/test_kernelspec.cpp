@@ -1,5 +1,6 @@
 // Unit tests for kernelspec loading, validation, resource listing, directory scans and ${VAR} expansion.
 #include "kgate/kernelspec.hpp"
+#include "kgate/utf8.hpp"
 
 #include <cstdlib>
 #include <fstream>
@@ -225,6 +226,21 @@ TEST(Scan, IgnoresPlainFiles) {
   const KernelSpecScan scan = scan_kernelspecs({t.path()});
   ASSERT_EQ(scan.specs.size(), 1u);
   EXPECT_TRUE(scan.specs.count("ok"));
+}
+
+// A directory name is bytes; a kernelspec name goes into every kernelspecs reply as JSON. One
+// with invalid UTF-8 (it made GET /api/kernelspecs answer 500 for every client) is skipped with a
+// warning that is itself valid UTF-8, and the others are still listed.
+TEST(Scan, SkipsADirectoryNameThatIsNotUtf8) {
+  SpecDir t;
+  t.spec("bad\xff" "name", R"({"argv":["a"],"display_name":"Bad"})");
+  t.spec("ok", R"({"argv":["a"],"display_name":"D"})");
+  const KernelSpecScan scan = scan_kernelspecs({t.path()});
+  ASSERT_EQ(scan.specs.size(), 1u);
+  EXPECT_TRUE(scan.specs.count("ok"));
+  ASSERT_EQ(scan.warnings.size(), 1u);
+  EXPECT_TRUE(kgate::is_valid_utf8(scan.warnings[0])) << scan.warnings[0];
+  EXPECT_NE(scan.warnings[0].find("must be valid UTF-8"), std::string::npos) << scan.warnings[0];
 }
 
 TEST(ExpandEnv, FromMapThenProcessEnvironment) {

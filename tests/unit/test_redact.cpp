@@ -33,3 +33,23 @@ TEST(Redact, TheCapNeverLeavesPartOfAToken) {
   EXPECT_EQ(out.find('S'), std::string::npos);
   EXPECT_EQ(out.size(), 203u);  // 200 and the "..." that marks the cut
 }
+
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <sstream>
+
+// The catch-all of HttpSession logs through log_internal_error: what reaches the log holds the
+// path and the error, never the token.
+TEST(Redact, TheInternalErrorLogLineHasNoToken) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("redact-test", sink));
+  kgate::gw::log_internal_error("GET", "/api/kernels/abc?token=TOPSECRET-1&x=1", "boom");
+  spdlog::default_logger()->flush();
+  spdlog::set_default_logger(previous);
+  std::string line = out.str();
+  EXPECT_EQ(line.find("TOPSECRET"), std::string::npos) << line;
+  EXPECT_NE(line.find("internal error serving GET /api/kernels/abc?token=[redacted]&x=1: boom"), std::string::npos)
+      << line;
+}
