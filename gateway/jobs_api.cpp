@@ -10,6 +10,7 @@
 
 #include "discovery_api.hpp"
 #include "kgate/jobs.hpp"
+#include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
 #include "observe_page.hpp"
 #include "server.hpp"
@@ -75,11 +76,11 @@ struct Replier {
     r.keep_alive(keep_alive);
     return r;
   }
-  void ok(const json& body) const { respond(json_response(shape(), http::status::ok, body.dump())); }
+  void ok(const json& body) const { respond(json_response(shape(), http::status::ok, dump_json(body))); }
   void error(http::status st, const std::string& msg, json extra = json::object()) const {
     json j = {{"message", msg}, {"reason", std::string(http::obsolete_reason(st))}};
     for (auto& [k, v] : extra.items()) j[k] = v;
-    respond(json_response(shape(), st, j.dump()));
+    respond(json_response(shape(), st, dump_json(j)));
   }
 };
 
@@ -389,7 +390,7 @@ void get_notebook(Server& server, const Request& req, const std::string& id, Res
   auto jobs = server.jobs().kernel_jobs(id);
   if (!k && jobs.empty()) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
   json nb = notebook_json(jobs, server.jobs().restarts(id), k ? &k->spec() : nullptr);
-  Response res = json_response(req, http::status::ok, nb.dump(1));
+  Response res = json_response(req, http::status::ok, dump_json(nb, 1));
   res.set(http::field::content_type, "application/x-ipynb+json");
   res.set(http::field::content_disposition, "attachment; filename=\"kernel-" + id + ".ipynb\"");
   respond(std::move(res));
@@ -481,7 +482,7 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
     if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
     json body = server.pool().status();
     body["max_kernels"] = server.options().max_kernels;
-    return respond(json_response(req, http::status::ok, body.dump()));
+    return respond(json_response(req, http::status::ok, dump_json(body)));
   }
   if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
     return respond(json_error(req, http::status::service_unavailable,
@@ -510,14 +511,14 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
       if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
       json list = json::array();
       for (auto& k : server.manager().list()) list.push_back(kernel_ext_json(server, k));
-      return respond(json_response(req, http::status::ok, list.dump()));
+      return respond(json_response(req, http::status::ok, dump_json(list)));
     }
     const std::string& id = parts[3];
     if (n == 4) {
       if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
       auto k = server.manager().get(id);
       if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-      return respond(json_response(req, http::status::ok, kernel_ext_json(server, k).dump()));
+      return respond(json_response(req, http::status::ok, dump_json(kernel_ext_json(server, k))));
     }
     if (!server.jobs().limits().enabled)
       return respond(json_error(req, http::status::service_unavailable,

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
+#include "kgate/utf8.hpp"
 
 namespace kgate {
 
@@ -20,23 +21,55 @@ constexpr std::string_view kEndLost =
     "This job has ended, but how was not recorded (its end was lost: a later cell ran). Its "
     "output is complete as far as it goes.";
 
-// The first byte at or after `i` that starts a UTF-8 sequence.
+bool continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// The first byte at or after `i` that starts a UTF-8 sequence.  Every recorded text is valid
+// UTF-8, so a character has at most three continuation bytes: no more are skipped, whatever the
+// bytes (a cut never eats more than one character).
 std::size_t utf8_boundary(std::string_view s, std::size_t i) {
-  while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+  for (int k = 0; k < 3 && i < s.size() && continuation(s[i]); ++k) ++i;
   return i;
 }
 
-// The head of `s` in at most `cap` bytes, cut at a UTF-8 boundary.
+// The head of `s` in at most `cap` bytes, cut at a UTF-8 boundary (at most three bytes back).
 std::size_t utf8_head(std::string_view s, std::size_t cap) {
   if (s.size() <= cap) return s.size();
   std::size_t i = cap;
-  while (i > 0 && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  for (int k = 0; k < 3 && i > 0 && continuation(s[i]); ++k) --i;
   return i;
+}
+
+// Kernel text as it enters a record: valid UTF-8 (ill-formed bytes become U+FFFD).
+void append_valid(TailText& t, std::string_view s) {
+  if (is_valid_utf8(s)) t.append(s);
+  else t.append(valid_utf8(s));
+}
+
+// A message part parsed as JSON.  A kernel may send bytes that are not UTF-8 inside its strings
+// (ipykernel's surrogateescape), which the parser refuses: then the part is parsed again with
+// them replaced by U+FFFD, so the text around them is kept.
+json parse_part(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() && !is_valid_utf8(text)) j = json::parse(valid_utf8(text), nullptr, false);
+  return j;
+}
+
+// Kernel text without its escape sequences, as valid UTF-8 (evalue, traceback lines).
+std::string plain_text(std::string_view s) {
+  std::string out = strip_ansi(s);
+  make_valid_utf8(out);
+  return out;
 }
 
 const std::string* str_field(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? &it->get_ref<const std::string&>() : nullptr;
+}
+
+// A string field's value, "" when it is absent or not a string (json::value would throw).
+std::string str_value(const json& j, const char* key) {
+  const std::string* s = str_field(j, key);
+  return s ? *s : std::string();
 }
 
 std::optional<int> int_field(const json& j, const char* key) {
@@ -59,7 +92,12 @@ struct StreamParser {
   simdjson::ondemand::document doc;
   bool text(const std::string& content, std::string_view& out) {
     padded = simdjson::padded_string(content);
-    if (parser.iterate(padded).get(doc)) return false;
+    auto err = parser.iterate(padded).get(doc);
+    if (err == simdjson::UTF8_ERROR) {  // bytes that are not UTF-8 (see parse_part): replaced
+      padded = simdjson::padded_string(valid_utf8(content));
+      err = parser.iterate(padded).get(doc);
+    }
+    if (err) return false;
     return !doc["text"].get_string().get(out);
   }
 };
@@ -121,26 +159,41 @@ std::string_view refusal_name(Refusal r) noexcept {
   return "";
 }
 
+// An escape sequence is ESC and ASCII bytes only, so what is removed never takes a byte of a
+// multi-byte character and valid UTF-8 stays valid:
+// - CSI: ESC [, parameter and intermediate bytes 0x20-0x3F, a final byte 0x40-0x7E;
+// - OSC, DCS, SOS, PM, APC (ESC ] P X ^ _): a string up to BEL, ST (ESC backslash) or the line's end;
+//   the string may hold any text, which goes with it;
+// - the short forms: ESC, intermediates 0x20-0x2F, a final byte 0x30-0x7E (ESC ( B, ESC =).
+// A malformed sequence ends at the first byte that cannot be part of it; that byte is kept.
 std::string strip_ansi(std::string_view s) {
+  auto in = [&](std::size_t i, unsigned char lo, unsigned char hi) {
+    return i < s.size() && static_cast<unsigned char>(s[i]) >= lo && static_cast<unsigned char>(s[i]) <= hi;
+  };
   std::string out;
   out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
+  std::size_t i = 0;
+  while (i < s.size()) {
     if (s[i] != '\x1b') {
-      out.push_back(s[i]);
+      out.push_back(s[i++]);
       continue;
     }
-    if (i + 1 >= s.size()) break;
-    char k = s[i + 1];
-    if (k == '[') {  // CSI: parameters and intermediates, then a final byte 0x40-0x7E
-      std::size_t j = i + 2;
-      while (j < s.size() && !(s[j] >= 0x40 && s[j] <= 0x7E)) ++j;
-      i = j;
-    } else if (k == ']') {  // OSC: up to BEL or ESC backslash
-      std::size_t j = i + 2;
-      while (j < s.size() && s[j] != '\a' && !(s[j] == '\x1b' && j + 1 < s.size() && s[j + 1] == '\\')) ++j;
-      i = (j < s.size() && s[j] == '\x1b') ? j + 1 : j;
+    ++i;
+    if (i >= s.size()) break;
+    const char k = s[i];
+    if (k == '[') {
+      ++i;
+      while (in(i, 0x20, 0x3F)) ++i;
+      if (in(i, 0x40, 0x7E)) ++i;
+    } else if (k == ']' || k == 'P' || k == 'X' || k == '^' || k == '_') {
+      ++i;
+      while (i < s.size() && s[i] != '\a' && s[i] != '\x1b' && s[i] != '\n') ++i;
+      if (i < s.size() && s[i] == '\a') ++i;
+      else if (i + 1 < s.size() && s[i] == '\x1b' && s[i + 1] == '\\') i += 2;
+      // else: an ESC that is not ST begins the next sequence; a newline is kept
     } else {
-      i += 1;  // a two-byte escape
+      while (in(i, 0x20, 0x2F)) ++i;
+      if (in(i, 0x30, 0x7E)) ++i;
     }
   }
   return out;
@@ -240,6 +293,8 @@ void JobStore::finished_locked(Job& j) {
 
 Job& JobStore::create_locked(const std::string& kernel, JobOrigin origin, std::string request,
                              std::string_view code) {
+  std::string repaired;
+  if (!is_valid_utf8(code)) code = repaired = valid_utf8(code);
   Job j;
   j.n = ++counter_;
   j.kernel = kernel;
@@ -325,13 +380,13 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       if (t == "stream") {
         with_stream_text(m.wire.content, [&](std::string_view text) {
           std::size_t before = j->bytes();
-          j->output.append(text);
+          append_valid(j->output, text);
           add_bytes(before, *j);
         });
         if (bytes_ > limits_.budget_bytes) enforce_locked();
         return;  // output is not a lifecycle change: nothing to notify
       }
-      json content = json::parse(m.wire.content, nullptr, false);
+      json content = parse_part(m.wire.content);
       if (!content.is_object()) return;
       if (t == "execute_input") {
         const std::string* code = str_field(content, "code");
@@ -357,21 +412,21 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         if (data != content.end() && data->is_object())
           if (const std::string* text = str_field(*data, "text/plain")) {
             std::size_t before = j->bytes();
-            j->result.append(*text);
+            append_valid(j->result, *text);
             add_bytes(before, *j);
           }
         if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
       } else if (t == "error") {
         std::size_t before = j->bytes();
-        if (auto* e = str_field(content, "ename")) j->ename = *e;
-        if (auto* e = str_field(content, "evalue")) j->evalue = strip_ansi(*e);
+        if (auto* e = str_field(content, "ename")) j->ename = valid_utf8(*e);
+        if (auto* e = str_field(content, "evalue")) j->evalue = plain_text(*e);
         j->traceback.clear();
         auto tb = content.find("traceback");
         std::size_t budget = limits_.job_output_bytes;
         if (tb != content.end() && tb->is_array())
           for (auto& line : *tb)
             if (line.is_string() && budget > 0) {
-              std::string s = strip_ansi(line.get_ref<const std::string&>());
+              std::string s = plain_text(line.get_ref<const std::string&>());
               if (s.size() > budget) s.resize(utf8_head(s, budget));
               budget -= s.size();
               j->traceback.push_back(std::move(s));
@@ -400,7 +455,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
     return;
   }
   if (m.channel != Channel::shell || m.msg_type != "execute_reply") return;
-  json content = json::parse(m.wire.content, nullptr, false);
+  json content = parse_part(m.wire.content);
   if (!content.is_object()) return;
   {
     std::lock_guard lk(mu_);
@@ -415,24 +470,24 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
                               [&](auto& p) { return p.first == m.parent_msg_id; });
       auto it = rit == recent_.rend() ? jobs_.end() : jobs_.find(rit->second);
       if (it != jobs_.end() && it->second.status == JobStatus::ok &&
-          content.value("status", "") == "error") {
+          str_value(content, "status") == "error") {
         auto& done = it->second;
         done.status = JobStatus::error;
         if (done.ename.empty()) {
-          if (auto* e = str_field(content, "ename")) done.ename = *e;
-          if (auto* e = str_field(content, "evalue")) done.evalue = strip_ansi(*e);
+          if (auto* e = str_field(content, "ename")) done.ename = valid_utf8(*e);
+          if (auto* e = str_field(content, "evalue")) done.evalue = plain_text(*e);
         }
         changed_locked();
       }
     } else {
-      std::string status = content.value("status", "");
+      std::string status = str_value(content, "status");
       j->reply_status = status;
       j->reply_at = Clock::now();
       if (auto c = int_field(content, "execution_count")) j->execution_count = *c;
       if (m.synthesized) {
         // kgate answered it: the kernel never ran it, or went away under it.
-        std::string ename = content.value("ename", "");
-        std::string evalue = content.value("evalue", "");
+        std::string ename = str_value(content, "ename");
+        std::string evalue = valid_utf8(str_value(content, "evalue"));
         bool gone = ename == "KernelDied" || ename == "KernelRestarted" || ename == "KernelShutdown";
         end_locked(*j, gone ? JobStatus::kernel_lost : JobStatus::aborted, evalue);
       } else if (status == "aborted") {
@@ -440,8 +495,8 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
                    "The kernel aborted this request (an earlier cell failed with stop_on_error).");
       } else if (status == "error" && j->ename.empty()) {
         std::size_t before = j->bytes();
-        if (auto* e = str_field(content, "ename")) j->ename = *e;
-        if (auto* e = str_field(content, "evalue")) j->evalue = strip_ansi(*e);
+        if (auto* e = str_field(content, "ename")) j->ename = valid_utf8(*e);
+        if (auto* e = str_field(content, "evalue")) j->evalue = plain_text(*e);
         add_bytes(before, *j);
       }
     }
@@ -454,7 +509,7 @@ void JobStore::on_client_message(const KernelPtr& kernel, const ClientMessage& m
   if (!limits_.enabled || msg.channel != Channel::shell || msg.msg_type != "execute_request" ||
       msg.route == kAgentRoute)
     return;
-  json content = json::parse(msg.wire.content, nullptr, false);
+  json content = parse_part(msg.wire.content);
   if (!content.is_object()) return;
   const std::string* code = str_field(content, "code");
   if (!code || code->empty()) return;
@@ -473,8 +528,9 @@ void JobStore::on_client_message(const KernelPtr& kernel, const ClientMessage& m
 }
 
 void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
-                                   const std::string& reason) {
+                                   const std::string& why) {
   if (!limits_.enabled) return;
+  const std::string reason = valid_utf8(why);  // it goes into notes and restart marks
   {
     std::lock_guard lk(mu_);
     auto& pk = kernels_[kernel->id()];

@@ -257,7 +257,8 @@ json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>&
                    const KernelSpec* spec);
 // A record as the API shows it (`full` = with output, result and error).
 json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now);
-// Removes ANSI escape sequences (CSI and OSC).
+// Removes ANSI escape sequences (CSI, OSC and the other string and short forms) without taking
+// a byte of a multi-byte character: valid UTF-8 stays valid.
 std::string strip_ansi(std::string_view s);
 
 }  // namespace kgate

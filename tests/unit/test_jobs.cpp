@@ -2,9 +2,13 @@
 // messages, the agent path (no queue, claims, stops), the digest, eviction and rendering.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <random>
 #include <thread>
+#include <tuple>
 
 #include "kgate/jobs.hpp"
+#include "kgate/utf8.hpp"
 
 using namespace kgate;
 using namespace std::chrono_literals;
@@ -577,4 +581,253 @@ TEST(JobStore, SilentCellsOfKgateClientsAreRecorded) {
   cm.wire.content = json{{"code", ""}, {"silent", true}}.dump();
   f.store->on_client_message(f.kernel, cm);
   EXPECT_FALSE(f.store->job("job-2"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad bytes from a kernel: every stored text is valid UTF-8 and every read dumps strictly.
+
+TEST(Utf8, ReplacesEachMaximalSubpart) {
+  EXPECT_TRUE(is_valid_utf8("plain \xC3\xA9 \xE4\xB8\xAD \xF0\x9F\x98\x80"));
+  EXPECT_EQ(valid_utf8("plain \xC3\xA9"), "plain \xC3\xA9");
+  // As Python's bytes.decode('utf-8', 'replace') and the WHATWG decoder do.
+  EXPECT_EQ(valid_utf8("a\xFF" "b"), "a\uFFFD" "b");
+  EXPECT_EQ(valid_utf8("\xF0\x9F\x98"), "\uFFFD");         // a truncated 4-byte character
+  EXPECT_EQ(valid_utf8("\xE4\xB8" "x"), "\uFFFD" "x");      // a truncated 3-byte one
+  EXPECT_EQ(valid_utf8("\xC0\xAF"), "\uFFFD\uFFFD");        // an overlong
+  EXPECT_EQ(valid_utf8("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");  // a surrogate
+  EXPECT_EQ(valid_utf8("\xF4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");  // past U+10FFFF
+  EXPECT_EQ(valid_utf8("\xA9\xA9"), "\uFFFD\uFFFD");        // lone continuation bytes
+  std::string s = "12345678abcdefgh\xE9";                  // past the 8-byte ASCII stride
+  make_valid_utf8(s);
+  EXPECT_EQ(s, "12345678abcdefgh\uFFFD");
+}
+
+TEST(StripAnsi, NeverTakesAByteOfAMultiByteCharacter) {
+  EXPECT_EQ(strip_ansi("\x1b\xC3\xA9 bad"), "\xC3\xA9 bad");  // ESC directly before é
+  EXPECT_EQ(strip_ansi("\x1b[3\xE2\x82\xAC"), "\xE2\x82\xAC");  // a CSI cut by €
+  EXPECT_EQ(strip_ansi("\x1b]0;t\xC3\xA9tle\x1b\\x"), "x");    // an OSC holding é, ended by ST
+  EXPECT_EQ(strip_ansi("\x1b]0;unterminated\nnext"), "\nnext");  // ends at the line's end
+  EXPECT_EQ(strip_ansi("\x1b(Bx\x1b=y"), "xy");                // the short forms
+  EXPECT_EQ(strip_ansi("a\x1b\x1b[0mb"), "ab");
+  EXPECT_TRUE(is_valid_utf8(strip_ansi("\x1b\xF0\x9F\x98\x80\x1b[\xE4\xB8\xAD")));
+}
+
+namespace {
+
+// Text as a kernel may send it: valid pieces (which may hold ESC and control characters) and
+// raw bytes that are not UTF-8, spliced into the message's JSON text as they come on the wire.
+struct KernelText {
+  std::vector<std::pair<bool, std::string>> pieces;  // (raw, bytes)
+  std::string marker;
+  // The JSON string literal: valid pieces escaped by nlohmann, raw bytes (all >= 0x80, which
+  // JSON never escapes) as they are.
+  std::string literal() const {
+    std::string out = "\"";
+    for (auto& [raw, bytes] : pieces) {
+      if (raw) out += bytes;
+      else {
+        std::string quoted = json(bytes).dump();
+        out += quoted.substr(1, quoted.size() - 2);
+      }
+    }
+    return out + "\"";
+  }
+};
+
+class BadText {
+ public:
+  explicit BadText(std::uint64_t seed) : rng_(seed) {}
+  std::size_t pick(std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_); }
+
+  KernelText text(const std::string& marker) {
+    static const std::vector<std::string> chars = {"\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xD0\x96",
+                                                   "\xE2\x82\xAC"};
+    KernelText t;
+    t.marker = marker;
+    t.pieces.emplace_back(false, marker);
+    for (std::size_t n = pick(12); n > 0; --n) {
+      switch (pick(9)) {
+        case 0: {  // random bytes >= 0x80
+          std::string b;
+          for (std::size_t k = 1 + pick(4); k > 0; --k) b += char(0x80 + pick(0x80));
+          t.pieces.emplace_back(true, b);
+          break;
+        }
+        case 1: {  // a truncated multi-byte character
+          const std::string& c = chars[pick(chars.size())];
+          t.pieces.emplace_back(true, c.substr(0, 1 + pick(c.size() - 1)));
+          break;
+        }
+        case 2: t.pieces.emplace_back(false, "\x1b[" + std::to_string(pick(100)) + ";1m"); break;
+        case 3: t.pieces.emplace_back(false, "\x1b]8;;http://x/" + chars[pick(chars.size())] + "\x07"); break;
+        case 4: t.pieces.emplace_back(false, "\x1b" + chars[pick(chars.size())]); break;  // ESC + char
+        case 5: t.pieces.emplace_back(false, std::string("\x1b[") + "0123;"[pick(5)]); break;  // cut CSI
+        case 6: t.pieces.emplace_back(false, "\x1b"); break;  // a lone ESC (raw bytes may follow it)
+        case 7: t.pieces.emplace_back(false, chars[pick(chars.size())]); break;
+        default: t.pieces.emplace_back(false, std::string(1 + pick(3), "ab \n\"\\\t"[pick(8)])); break;
+      }
+    }
+    t.pieces.emplace_back(false, " " + marker);
+    return t;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+// A message whose content is `content` with each "@N@" string replaced by texts[N]'s literal.
+KernelMessagePtr raw_kmsg(Channel ch, const std::string& type, const std::string& parent, const json& content,
+                          const std::vector<KernelText>& texts, const std::string& session = "someone-else") {
+  json ph = json{{"msg_id", parent}, {"session", session}};
+  auto m = synthesize_message(ch, type, "kernel-session", ph.dump(), json::object());
+  m.synthesized = false;
+  std::string wire = content.dump();
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    std::string key = "\"@" + std::to_string(i) + "@\"";
+    for (auto at = wire.find(key); at != std::string::npos; at = wire.find(key))
+      wire.replace(at, key.size(), texts[i].literal());
+  }
+  m.wire.content = std::move(wire);
+  return std::make_shared<const KernelMessage>(std::move(m));
+}
+
+// Every read the gateway serves, dumped as it dumps them but strictly: a throw is a failure.
+void expect_reads_dump_strictly(const JobStore& store, const KernelPtr& kernel, std::size_t code_chars) {
+  auto now = std::chrono::steady_clock::now();
+  auto strict = [](const json& j, const std::string& what) {
+    std::string text;
+    EXPECT_NO_THROW(text = j.dump()) << what;
+    EXPECT_TRUE(is_valid_utf8(text)) << what;
+    EXPECT_NO_THROW(std::ignore = json::parse(text)) << what;
+  };
+  for (auto& j : store.kernel_jobs(kernel->id())) {
+    for (auto* s : {&j.code, &j.ename, &j.evalue, &j.note})
+      EXPECT_TRUE(is_valid_utf8(*s)) << j.id() << ": " << json(*s).dump(-1, ' ', true, json::error_handler_t::replace);
+    for (auto& line : j.traceback) EXPECT_TRUE(is_valid_utf8(line)) << j.id();
+    EXPECT_TRUE(is_valid_utf8(j.output.text())) << j.id();
+    EXPECT_TRUE(is_valid_utf8(j.result.text())) << j.id();
+    EXPECT_EQ(j.evalue.find('\x1b'), std::string::npos) << j.id();
+    auto one = store.job(j.id());
+    ASSERT_TRUE(one);
+    strict(job_json(*one, true, now), j.id());
+  }
+  for (const std::string& k : {std::string(), kernel->id()}) {
+    auto l = store.list(k, 0, code_chars);
+    json list = json::array();
+    for (auto& j : l.jobs) list.push_back(job_json(j, false, now));
+    strict(list, "list");
+  }
+  auto d = store.digest(kernel->id());
+  json digest = json::array();
+  for (auto& e : d.jobs) digest.push_back({{"job", e.job}, {"status", status_name(e.status)}});
+  strict(digest, "digest");
+  strict(notebook_json(store.kernel_jobs(kernel->id()), store.restarts(kernel->id()), &kernel->spec()), "notebook");
+}
+
+}  // namespace
+
+TEST(JobStore, BadBytesFromTheKernelNeverBreakARead) {
+  std::uint64_t base = 20161;
+  if (const char* s = std::getenv("KGATE_TEST_SEED")) base = std::strtoull(s, nullptr, 10);
+  for (std::uint64_t run = 0; run < 40; ++run) {
+    const std::uint64_t seed = base + run;
+    SCOPED_TRACE("seed " + std::to_string(seed) + " (KGATE_TEST_SEED=" + std::to_string(seed) + " reruns it first)");
+    BadText gen(seed);
+    RecordLimits l;
+    l.job_output_bytes = 8 + gen.pick(120);  // small caps: texts are cut at every offset
+    l.job_code_bytes = 8 + gen.pick(120);
+    l.budget_bytes = 2000 + gen.pick(20000);
+    l.max_jobs = 5 + gen.pick(20);
+    Fixture f(l);
+    for (int cell = 0; cell < 25; ++cell) {
+      const std::string m = "m" + std::to_string(cell) + "z";
+      std::string req;
+      std::string session = "someone-else";
+      KernelText code = gen.text(m);
+      const std::size_t kind = gen.pick(3);
+      switch (kind) {
+        case 0: {  // an agent's cell
+          auto out = f.submit("a", "cell " + m);
+          ASSERT_TRUE(out) << out.message;
+          req = f.last_request();
+          session = f.store->session();
+          break;
+        }
+        case 1: {  // a kgate client's silent cell: recorded from its request
+          req = "ws-" + m;
+          ClientMessage cm;
+          cm.channel = Channel::shell;
+          cm.msg_type = "execute_request";
+          cm.msg_id = req;
+          cm.route = "client-1";
+          cm.wire.content = json{{"code", "@0@"}, {"silent", true}}.dump();
+          std::string key = "\"@0@\"";
+          cm.wire.content.replace(cm.wire.content.find(key), key.size(), code.literal());
+          f.store->on_client_message(f.kernel, cm);
+          break;
+        }
+        default: req = "user-" + m; break;  // a foreign cell, seen on iopub only
+      }
+      auto send = [&](Channel ch, const std::string& type, const json& content, const std::vector<KernelText>& t) {
+        f.store->on_kernel_message(f.kernel, raw_kmsg(ch, type, req, content, t, session));
+      };
+      send(Channel::iopub, "status", {{"execution_state", "busy"}}, {});
+      send(Channel::iopub, "execute_input", {{"code", "@0@"}, {"execution_count", cell}}, {code});
+      for (std::size_t n = gen.pick(4); n > 0; --n)
+        send(Channel::iopub, "stream", {{"name", gen.pick(2) ? "stdout" : "stderr"}, {"text", "@0@"}}, {gen.text(m)});
+      if (gen.pick(2))
+        send(Channel::iopub, "execute_result", {{"data", {{"text/plain", "@0@"}}}, {"execution_count", cell}},
+             {gen.text(m)});
+      bool error = gen.pick(2);
+      if (error)
+        send(Channel::iopub, "error", {{"ename", "@0@"}, {"evalue", "@1@"}, {"traceback", {"@2@", "@3@", "@4@"}}},
+             {gen.text("E"), gen.text(m), gen.text(m), gen.text(m), gen.text(m)});
+      // The reply before the idle, after it, or none (a foreign cell's goes to its own client; a
+      // kgate client's always comes, else its request stays in flight).
+      const std::size_t reply = kind == 1 ? 1 + gen.pick(2) : gen.pick(3);
+      auto send_reply = [&] {
+        send(Channel::shell, "execute_reply", {{"status", error ? "error" : "ok"}, {"ename", "@0@"}, {"evalue", "@1@"}},
+             {gen.text("R"), gen.text(m)});
+      };
+      if (reply == 1) send_reply();
+      send(Channel::iopub, "status", {{"execution_state", "idle"}}, {});
+      if (reply == 2) send_reply();
+      if (gen.pick(8) == 0) f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::restarting, "restarted");
+    }
+    // The text before the bad bytes is kept: each text begins with its cell's marker.
+    auto jobs = f.store->kernel_jobs(f.kernel->id());
+    ASSERT_FALSE(jobs.empty());
+    for (auto& j : jobs) {
+      EXPECT_TRUE(j.code.rfind("m", 0) == 0 || j.code.rfind("cell m", 0) == 0) << j.id() << " " << j.code;
+      EXPECT_TRUE(j.evalue.empty() || j.evalue.rfind("m", 0) == 0) << j.id() << " " << j.evalue;
+    }
+    expect_reads_dump_strictly(*f.store, f.kernel, gen.pick(40));
+    if (HasFailure()) return;
+  }
+}
+
+TEST(JobStore, TheTextAroundBadBytesIsKept) {
+  Fixture f;
+  f.foreign_begin("u1", "x");
+  auto raw = [&](const std::string& type, const std::string& content) {
+    auto m = synthesize_message(Channel::iopub, type, "kernel-session",
+                                json{{"msg_id", "u1"}, {"session", "someone-else"}}.dump(), json::object());
+    m.synthesized = false;
+    m.wire.content = content;
+    f.store->on_kernel_message(f.kernel, std::make_shared<const KernelMessage>(std::move(m)));
+  };
+  // What ipykernel sends for sys.stdout.write('out \udcff') and raise ValueError('\x1b\u00e9 \udce9 bad').
+  raw("stream", "{\"name\": \"stdout\", \"text\": \"out \xFF\"}");
+  raw("execute_result", "{\"data\": {\"text/plain\": \"res \xC3\"}, \"execution_count\": 1}");
+  raw("error", "{\"ename\": \"ValueError\", \"evalue\": \"\\u001b\xC3\xA9 \xE9 bad\", "
+               "\"traceback\": [\"\\u001b[0;31mValueError\\u001b[0m: \\u001b\xC3\xA9 \xE9 bad\"]}");
+  f.idle("u1");
+  Job j = f.job("job-1");
+  EXPECT_EQ(j.status, JobStatus::error);
+  EXPECT_EQ(j.output.text(), "out \uFFFD");
+  EXPECT_EQ(j.result.text(), "res \uFFFD");
+  EXPECT_EQ(j.evalue, "\u00e9 \uFFFD bad");
+  ASSERT_EQ(j.traceback.size(), 1u);
+  EXPECT_EQ(j.traceback[0], "ValueError: \u00e9 \uFFFD bad");
+  EXPECT_NO_THROW(std::ignore = job_json(j, true, std::chrono::steady_clock::now()).dump());
 }

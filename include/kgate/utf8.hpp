@@ -1,0 +1,24 @@
+// UTF-8 hygiene for text that comes from kernels: a kernel may send any bytes (ipykernel packs
+// its messages with errors='surrogateescape', so a str holding '\udcff' goes out as the raw
+// byte 0xFF), and JSON must carry valid UTF-8.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace kgate {
+
+// True when `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool is_valid_utf8(std::string_view s) noexcept;
+// `s` with every ill-formed sequence replaced by U+FFFD, one per maximal subpart (the Unicode
+// standard's practice, as Python's and the WHATWG decoders do).  Valid text is copied as is.
+std::string valid_utf8(std::string_view s);
+// The same in place: `s` is rebuilt only when it is not valid.
+void make_valid_utf8(std::string& s);
+// JSON text for a response or a file whatever the strings in `j` hold: invalid UTF-8 in them
+// becomes U+FFFD instead of throwing (nlohmann's strict dump throws type_error.316).
+std::string dump_json(const nlohmann::json& j, int indent = -1);
+
+}  // namespace kgate

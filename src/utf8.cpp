@@ -1,0 +1,110 @@
+// UTF-8 validation and repair (U+FFFD for what is ill-formed).
+#include "kgate/utf8.hpp"
+
+#include <cstdint>
+#include <cstring>
+
+namespace kgate {
+
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// The bytes at s[i] are not ASCII.  Returns the length of the character there when it is
+// well-formed (`ok`), else the length of its maximal ill-formed subpart (at least 1).
+std::size_t sequence_at(std::string_view s, std::size_t i, bool& ok) noexcept {
+  auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  std::size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c == 0xE0) {
+    need = 2, lo = 0xA0;  // no overlongs
+  } else if (c == 0xED) {
+    need = 2, hi = 0x9F;  // no surrogates
+  } else if (c >= 0xE1 && c <= 0xEF) {
+    need = 2;
+  } else if (c == 0xF0) {
+    need = 3, lo = 0x90;  // no overlongs
+  } else if (c == 0xF4) {
+    need = 3, hi = 0x8F;  // nothing past U+10FFFF
+  } else if (c >= 0xF1 && c <= 0xF3) {
+    need = 3;
+  } else {
+    ok = false;  // a continuation byte, C0, C1 or F5-FF: never starts a character
+    return 1;
+  }
+  std::size_t j = i + 1;
+  for (std::size_t k = 0; k < need; ++k, ++j) {
+    if (j >= s.size() || b(j) < lo || b(j) > hi) {
+      ok = false;
+      return j - i;
+    }
+    lo = 0x80, hi = 0xBF;
+  }
+  ok = true;
+  return j - i;
+}
+
+// The length of the ASCII run at the start of s[i..]: eight bytes at a time.
+std::size_t ascii_run(std::string_view s, std::size_t i) noexcept {
+  const std::size_t from = i;
+  while (i + 8 <= s.size()) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if (w & 0x8080808080808080ull) break;
+    i += 8;
+  }
+  while (i < s.size() && static_cast<unsigned char>(s[i]) < 0x80) ++i;
+  return i - from;
+}
+
+// The offset of the first ill-formed sequence in `s`, or s.size().
+std::size_t first_invalid(std::string_view s) noexcept {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    i += ascii_run(s, i);
+    if (i >= s.size()) break;
+    bool ok = false;
+    std::size_t n = sequence_at(s, i, ok);
+    if (!ok) return i;
+    i += n;
+  }
+  return s.size();
+}
+
+}  // namespace
+
+bool is_valid_utf8(std::string_view s) noexcept { return first_invalid(s) == s.size(); }
+
+std::string valid_utf8(std::string_view s) {
+  std::size_t bad = first_invalid(s);
+  if (bad == s.size()) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + 8);
+  out.append(s.substr(0, bad));
+  std::size_t i = bad;
+  while (i < s.size()) {
+    std::size_t run = ascii_run(s, i);
+    out.append(s.substr(i, run));
+    i += run;
+    if (i >= s.size()) break;
+    bool ok = false;
+    std::size_t n = sequence_at(s, i, ok);
+    if (ok) out.append(s.substr(i, n));
+    else out.append(kReplacement);
+    i += n;
+  }
+  return out;
+}
+
+void make_valid_utf8(std::string& s) {
+  if (!is_valid_utf8(s)) s = valid_utf8(s);
+}
+
+std::string dump_json(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace kgate
