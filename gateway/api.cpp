@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "jobs_api.hpp"
+#include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
 
@@ -168,6 +169,22 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     name = it->get<std::string>();
   }
+  // jupyter_server 2.x: the client may choose the kernel's id.  It must be a UUID no kernel has.
+  std::string kernel_id;
+  if (auto it = body.find("kernel_id"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || !is_uuid(it->get_ref<const std::string&>())) {
+      respond(json_error(req, http::status::bad_request,
+                         "\"kernel_id\" must be a UUID string such as 9078f9cc-81b1-4a03-95af-2ea4ca17b4b3, not " +
+                             it->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 100)));
+      return;
+    }
+    kernel_id = lowercase(it->get<std::string>());
+    if (server.manager().get_any(kernel_id) || server.kernel_id_reserved(kernel_id)) {
+      respond(json_error(req, http::status::bad_request,
+                         "A kernel with id " + kernel_id + " exists already: \"kernel_id\" must be a new UUID"));
+      return;
+    }
+  }
   std::map<std::string, std::string> env;
   if (auto it = body.find("env"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) {
@@ -192,6 +209,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     return;
   }
   StartRequest sr;
+  sr.id = kernel_id;
   sr.env = std::move(env);
   sr.cwd = cwd.cwd;
   // kgate's per-kernel idle timeout (README "Idle culling"): seconds, 0 = never culled, null or
@@ -214,6 +232,8 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     respond(std::move(res));
     return;
   }
+  // Until its start is over, no other POST may take the same id.
+  if (!sr.id.empty()) server.reserve_kernel_id(sr.id, true);
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   std::string base = opts.base_url;
@@ -226,11 +246,13 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     const CatalogEntry* entry = cat->find(want);
     if (!entry) {
       server.admitted("");
+      if (!sr.id.empty()) server.reserve_kernel_id(sr.id, false);
       respond(json_error(fake, http::status::not_found, "No such kernel named " + want));
       return;
     }
     if (!entry->launchable) {
       server.admitted("");
+      if (!sr.id.empty()) server.reserve_kernel_id(sr.id, false);
       respond(json_error(fake, http::status::bad_request,
                          "Kernel spec " + entry->spec.name + " cannot be launched: " + entry->reason));
       return;
@@ -242,22 +264,27 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
 
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base) {
-  server.pool().start(std::move(sr), [&server, respond, keep_alive, version, base](StartResult r) {
-    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, &server] {
+  const std::string chosen_id = sr.id;
+  auto done = [&server, respond, keep_alive, version, base, chosen_id](StartResult r) {
+    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, chosen_id, &server] {
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);
       server.admitted(r.kernel ? r.kernel->id() : "");
+      if (!chosen_id.empty()) server.reserve_kernel_id(chosen_id, false);
       if (!r.kernel) {
         respond(json_error(fake, http::status::internal_server_error, "Kernel failed to start: " + r.error));
         return;
       }
       server.touch();
-      Response res = json_response(fake, http::status::created, model_json(r.kernel->model()).dump());
+      Response res = json_response(fake, http::status::created, kgate::dump_json(model_json(r.kernel->model())));
       res.set(http::field::location, base + "api/kernels/" + r.kernel->id());
       respond(std::move(res));
     });
-  });
+  };
+  // A pooled kernel has its id already: a start with the client's id is a cold one (DEV.md §4b).
+  if (!chosen_id.empty()) return server.manager().start(std::move(sr), std::move(done));
+  server.pool().start(std::move(sr), std::move(done));
 }
 
 }  // namespace
@@ -296,7 +323,7 @@ void kernel_action(Server& server, const Request& req, const std::string& id, co
     if (!gated && server.manager().get(id)) server.jobs().restart_gate(id, nullptr);
     server.manager().restart(id, [reply, missing](StartResult r) {
       if (r.kernel)
-        reply(http::status::ok, model_json(r.kernel->model()).dump());
+        reply(http::status::ok, kgate::dump_json(model_json(r.kernel->model())));
       else if (r.error.empty())
         reply(http::status::not_found, missing);
       else
@@ -322,24 +349,13 @@ const std::string& Server::kernelspecs_body(const std::shared_ptr<const Catalog>
     json specs = json::object();
     for (auto& e : cat->entries)
       if (e.launchable) specs[e.spec.name] = kernelspec_json(*this, e.spec);
-    specs_body_ = json{{"default", cat->default_name}, {"kernelspecs", specs}}.dump();
+    specs_body_ = kgate::dump_json(json{{"default", cat->default_name}, {"kernelspecs", specs}});
     specs_cat_ = cat;
   }
   return specs_body_;
 }
 
 namespace {
-
-std::string content_type_for(const std::string& file) {
-  auto dot = file.rfind('.');
-  std::string ext = dot == std::string::npos ? "" : file.substr(dot + 1);
-  if (ext == "png") return "image/png";
-  if (ext == "svg") return "image/svg+xml";
-  if (ext == "js") return "application/javascript";
-  if (ext == "css") return "text/css";
-  if (ext == "json") return "application/json";
-  return "application/octet-stream";
-}
 
 Response method_not_allowed(const Request& req, const char* allow) {
   Response res = json_error(req, http::status::method_not_allowed,
@@ -349,6 +365,147 @@ Response method_not_allowed(const Request& req, const char* allow) {
 }
 
 }  // namespace
+
+std::string kernelspec_content_type(std::string_view file) {
+  auto slash = file.rfind('/');
+  if (slash != std::string_view::npos) file = file.substr(slash + 1);
+  auto dot = file.rfind('.');
+  const std::string ext = dot == std::string_view::npos ? "" : lowercase(file.substr(dot + 1));
+  static const std::map<std::string, std::string, std::less<>> types = {
+      {"png", "image/png"},
+      {"svg", "image/svg+xml"},
+      {"jpg", "image/jpeg"},
+      {"jpeg", "image/jpeg"},
+      {"gif", "image/gif"},
+      {"ico", "image/x-icon"},
+      {"webp", "image/webp"},
+      {"js", "text/javascript; charset=utf-8"},
+      {"mjs", "text/javascript; charset=utf-8"},
+      {"css", "text/css; charset=utf-8"},
+      {"json", "application/json"},
+      {"map", "application/json"},
+      {"txt", "text/plain; charset=utf-8"},
+      {"md", "text/markdown; charset=utf-8"},
+      {"wasm", "application/wasm"},
+      {"woff", "font/woff"},
+      {"woff2", "font/woff2"},
+      {"ttf", "font/ttf"},
+  };
+  auto it = types.find(ext);
+  return it == types.end() ? "application/octet-stream" : it->second;
+}
+
+std::optional<std::filesystem::path> kernelspec_file(const std::filesystem::path& dir, std::string_view rel) {
+  namespace fs = std::filesystem;
+  if (dir.empty() || rel.empty() || rel.front() == '/' || rel.find('\0') != std::string_view::npos)
+    return std::nullopt;
+  fs::path p = dir;
+  for (const auto& part : split_path(rel)) {
+    if (part == "." || part == "..") return std::nullopt;
+    p /= part;
+  }
+  std::error_code ec;
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) return std::nullopt;
+  const fs::path real = fs::canonical(p, ec);  // every symlink resolved: where the bytes really are
+  if (ec || !fs::is_regular_file(real, ec)) return std::nullopt;
+  // Inside the directory: real is root followed by at least one more element.
+  auto r = root.begin(), f = real.begin();
+  for (; r != root.end(); ++r, ++f)
+    if (f == real.end() || *r != *f) return std::nullopt;
+  if (f == real.end()) return std::nullopt;
+  return real;
+}
+
+bool is_uuid(std::string_view s) {
+  if (s.size() != 36) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i == 8 || i == 13 || i == 18 || i == 23) {
+      if (s[i] != '-') return false;
+    } else if (hexval(s[i]) < 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string default_kernel_warning(const Catalog& cat, const std::string& default_kernel) {
+  const CatalogEntry* e = cat.find(default_kernel);
+  if (e && e->launchable) return {};
+  std::string names;
+  for (const auto& entry : cat.entries)
+    if (entry.launchable) names += (names.empty() ? "" : ", ") + entry.spec.name;
+  std::string what = e ? "names kernelspec " + e->spec.name + ", which cannot be launched (" + e->reason + ")"
+                       : "names no kernelspec";
+  std::string instead = cat.default_name.empty() || cat.default_name == default_kernel
+                            ? "a POST /api/kernels without \"name\" fails"
+                            : "kernels without a \"name\" start " + cat.default_name + " instead";
+  return "default_kernel = \"" + default_kernel + "\" (kgate.toml [server]) " + what + "; " + instead +
+         ". Kernelspecs: " + (names.empty() ? "none" : names) + " (kgate kernelspecs lists them)";
+}
+
+OriginListing origin_listing(const GatewayOptions& opts, std::string_view origin) {
+  if (origin.empty()) return OriginListing::none;
+  const std::string o = lowercase(origin);
+  OriginListing found = OriginListing::none;
+  for (const auto& entry : opts.allow_origins) {
+    if (entry == "*") {
+      found = OriginListing::any;
+      continue;
+    }
+    std::string e = lowercase(entry);
+    if (!e.empty() && e.back() == '/') e.pop_back();
+    if (e == o) return OriginListing::exact;
+  }
+  return found;
+}
+
+bool is_cors_preflight(const Request& req) {
+  return req.method() == http::verb::options && req.find(http::field::origin) != req.end() &&
+         req.find(http::field::access_control_request_method) != req.end();
+}
+
+namespace {
+constexpr const char* kCorsMethods = "GET, HEAD, POST, DELETE, OPTIONS";
+constexpr const char* kCorsHeaders = "Authorization, Content-Type, X-XSRFToken, X-Requested-With, Accept";
+constexpr const char* kCorsExpose = "Location, Retry-After";
+constexpr int kCorsMaxAgeSeconds = 7200;  // Chromium's cap
+}  // namespace
+
+void add_cors_headers(const GatewayOptions& opts, std::string_view origin, Response& res) {
+  const OriginListing l = origin_listing(opts, origin);
+  if (l == OriginListing::none) return;
+  if (l == OriginListing::exact) {
+    res.set(http::field::access_control_allow_origin, origin);
+    res.set(http::field::access_control_allow_credentials, "true");
+  } else {
+    res.set(http::field::access_control_allow_origin, "*");  // never * with credentials
+  }
+  res.set(http::field::access_control_expose_headers, kCorsExpose);
+  res.set(http::field::vary, "Origin");
+}
+
+Response cors_preflight(const GatewayOptions& opts, const Request& req) {
+  const std::string origin(req[http::field::origin]);
+  if (origin_listing(opts, origin) == OriginListing::none) {
+    spdlog::warn("refused OPTIONS {}: Origin {} is not allowed", std::string(req.target().substr(0, req.target().find('?'))), origin);
+    return json_error(req, http::status::forbidden,
+                      "Origin " + origin + " is not allowed (add it to allow_origins in kgate.toml)");
+  }
+  Response res{http::status::no_content, req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.keep_alive(req.keep_alive());
+  add_cors_headers(opts, origin, res);
+  res.erase(http::field::access_control_expose_headers);  // for actual responses only
+  res.set(http::field::access_control_allow_methods, kCorsMethods);
+  // The headers the page asked for (the request's own field, so a well-formed list), else a list
+  // that covers what Jupyter clients send.
+  const std::string asked(req[http::field::access_control_request_headers]);
+  res.set(http::field::access_control_allow_headers, asked.empty() ? std::string(kCorsHeaders) : asked);
+  res.set(http::field::access_control_max_age, std::to_string(kCorsMaxAgeSeconds));
+  res.set(http::field::vary, "Origin, Access-Control-Request-Method, Access-Control-Request-Headers");
+  return res;
+}
 
 std::string lowercase(std::string_view s) {
   std::string out(s);
@@ -450,12 +607,14 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
     return json_error(req, http::status::forbidden,
                       "Host " + host + " is not allowed (add it to allow_hosts in kgate.toml)");
   }
+  // A CORS preflight is answered without auth (a browser sends no credentials with it), as by
+  // Kernel Gateway and jupyter_server; only a listed origin gets the Allow headers.
+  if (is_cors_preflight(req)) return cors_preflight(opts, req);
   // Browser CSRF: a page from another origin may not drive the API.
   auto origin_it = req.find(http::field::origin);
   if (origin_it != req.end()) {
     std::string origin(origin_it->value());
-    bool allowed = std::find(opts.allow_origins.begin(), opts.allow_origins.end(), "*") != opts.allow_origins.end() ||
-                   std::find(opts.allow_origins.begin(), opts.allow_origins.end(), origin) != opts.allow_origins.end();
+    bool allowed = origin_listing(opts, origin) != OriginListing::none;
     if (!allowed) {
       auto scheme_end = origin.find("://");
       std::string o_host = scheme_end == std::string::npos ? "" : lowercase(origin.substr(scheme_end + 3));
@@ -537,7 +696,7 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
         if (m == http::verb::get) {
           json list = json::array();
           for (auto& k : server.manager().list()) list.push_back(model_json(k->model()));
-          return respond(json_response(req, http::status::ok, list.dump()));
+          return respond(json_response(req, http::status::ok, kgate::dump_json(list)));
         }
         if (m == http::verb::post) return api_kernels_post(server, req, ctx, respond);
         return respond(method_not_allowed(req, "GET, POST"));
@@ -547,7 +706,7 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
         if (m == http::verb::get) {
           auto k = server.manager().get(id);
           if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-          return respond(json_response(req, http::status::ok, model_json(k->model()).dump()));
+          return respond(json_response(req, http::status::ok, kgate::dump_json(model_json(k->model()))));
         }
         if (m == http::verb::delete_) return kernel_action(server, req, id, "delete", respond);
         return respond(method_not_allowed(req, "GET, DELETE"));
@@ -571,7 +730,7 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
         if (!e || !e->launchable)
           return respond(json_error(fake, http::status::not_found,
                                     "Kernel spec " + name + " not found" + (e ? " (" + e->reason + ")" : "")));
-        return respond(json_response(fake, http::status::ok, kernelspec_json(server, e->spec).dump()));
+        return respond(json_response(fake, http::status::ok, kgate::dump_json(kernelspec_json(server, e->spec))));
       }, name);
     }
   }
@@ -585,25 +744,25 @@ void handle_api(Server& server, const Request& req, const RequestContext& ctx, R
     res.prepare_payload();
     return respond(std::move(res));
   }
-  if (n == 3 && parts[0] == "kernelspecs") {
+  if (n >= 3 && parts[0] == "kernelspecs") {
     if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
-    // Resource files come from the newest catalog there is: no wait for a logo.
+    // Any regular file of the kernelspec's directory, subdirectories too; the file must really
+    // be inside it (kernelspec_file).  From the newest catalog there is: no wait for a logo.
     auto cat = server.discovery().snapshot();
     const CatalogEntry* entry = cat->find(parts[1]);
-    std::optional<KernelSpec> spec;
-    if (entry) spec = entry->spec;
     std::string file = parts[2];
-    auto res_files = spec ? spec->resources() : std::map<std::string, std::string>{};
-    bool listed = false;
-    for (auto& [key, f] : res_files) listed |= f == file;
-    if (!spec || !listed)
-      return respond(json_error(req, http::status::not_found, "No resource " + file + " in kernel spec " + parts[1]));
-    std::ifstream in(spec->resource_dir / file, std::ios::binary);
+    for (std::size_t i = 3; i < n; ++i) file += "/" + parts[i];
+    auto real = entry ? kernelspec_file(entry->spec.resource_dir, file) : std::nullopt;
+    std::ifstream in;
+    if (real) in.open(*real, std::ios::binary);
+    if (!real || !in)
+      return respond(json_error(req, http::status::not_found, "No file " + file + " in kernel spec " + parts[1]));
     std::ostringstream ss;
     ss << in.rdbuf();
     Response res{http::status::ok, req.version()};
     res.set(http::field::server, "kgate/" KGATE_VERSION);
-    res.set(http::field::content_type, content_type_for(file));
+    res.set(http::field::content_type, kernelspec_content_type(file));
+    res.set("X-Content-Type-Options", "nosniff");
     res.set(http::field::cache_control, "max-age=2592000");
     res.keep_alive(req.keep_alive());
     res.body() = ss.str();

@@ -1,12 +1,15 @@
 // The REST surface: /api, /api/status, /api/kernels..., /api/kernelspecs..., /kernelspecs/...
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "kgate/discovery.hpp"
 #include "kgate/kernel.hpp"
 #include "net.hpp"
+#include "options.hpp"
 
 namespace kgate::gw {
 
@@ -25,9 +28,38 @@ struct RequestContext {
 Response json_error(const Request& req, http::status status, const std::string& message);
 Response json_response(const Request& req, http::status status, const std::string& body);
 
-// Checks Host, Origin and the token.  Returns an error response, or nothing when allowed.
+// Checks Host, Origin and the token.  Returns the response to send instead of serving the
+// request (a refusal, or the answer to a CORS preflight: cors_preflight), or nothing when allowed.
 // The Host check applies on a loopback bind and on the Unix socket (both local listeners).
 std::optional<Response> check_request(const Server& server, const Request& req, const RequestContext& ctx = {});
+
+// CORS for the origins in allow_origins (README "Browser clients").  An entry matches an Origin
+// exactly (ASCII case-insensitively; a trailing "/" on the entry is ignored); "*" matches any.
+enum class OriginListing { none, exact, any };
+OriginListing origin_listing(const GatewayOptions& opts, std::string_view origin);
+// Whether `req` is a CORS preflight: OPTIONS with Origin and Access-Control-Request-Method.
+bool is_cors_preflight(const Request& req);
+// The answer to a preflight, without auth: 204 with the Access-Control-Allow-* headers for a listed
+// origin, 403 (no CORS headers) for any other.
+Response cors_preflight(const GatewayOptions& opts, const Request& req);
+// The CORS headers of an actual response to a request from `origin` ("" = none): for a listed
+// origin Access-Control-Allow-Origin (the origin itself, with Allow-Credentials; "*" without, for
+// the "*" entry), Expose-Headers and Vary: Origin; nothing for an unlisted one.
+void add_cors_headers(const GatewayOptions& opts, std::string_view origin, Response& res);
+
+// A dashed UUID: 8-4-4-4-12 hex digits (either case).  POST /api/kernels's "kernel_id".
+bool is_uuid(std::string_view s);
+
+// The file GET /kernelspecs/{name}/{rel} serves: `rel` ('/'-separated, already percent-decoded)
+// inside the kernelspec's directory `dir`, as a real path that is a regular file inside dir's
+// real path (no "..", ".", absolute paths, NUL, or symlinks leading out).  nullopt otherwise.
+std::optional<std::filesystem::path> kernelspec_file(const std::filesystem::path& dir, std::string_view rel);
+// The Content-Type of a kernelspec file, by its extension; application/octet-stream otherwise.
+std::string kernelspec_content_type(std::string_view file);
+
+// When default_kernel does not name a launchable kernelspec of `cat`: the warning to log (it
+// names the setting, what kgate uses instead and the kernelspecs there are).  "" when it does.
+std::string default_kernel_warning(const Catalog& cat, const std::string& default_kernel);
 
 // Handles one (already checked, non-upgrade) request; calls `respond` exactly once, maybe
 // later (POST /api/kernels waits for the kernel to be ready).

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "hub.hpp"
@@ -83,6 +84,10 @@ class Server {
   // start finished (admitted(id)) or is given back (admitted("")).
   std::optional<std::string> admit();
   void admitted(const std::string& id);
+  // Client-chosen kernel ids (POST /api/kernels "kernel_id") whose start is not done: taken (on)
+  // or given back; Asio thread.
+  void reserve_kernel_id(const std::string& id, bool on);
+  bool kernel_id_reserved(const std::string& id) const { return reserved_ids_.count(id) > 0; }
 
   const std::string& started() const { return started_; }
   std::string last_activity() const;
@@ -97,6 +102,8 @@ class Server {
   void sweep_jobs();
   void arm_cull_timer();
   void cull_kernels();  // every [culling] cull_interval, on the Asio thread
+  // Logs default_kernel_warning (api.hpp) once the catalog is known, `when` before it.
+  void warn_default_kernel(const std::string& default_kernel, const char* when);
 
   GatewayOptions opts_;
   net::io_context ioc_{1};
@@ -112,6 +119,7 @@ class Server {
   std::function<GatewayOptions()> reloader_;
   std::size_t starts_pending_ = 0;             // admitted POSTs whose start is not done
   std::vector<std::string> admitted_kernels_;  // kernels those POSTs made (pruned in admit)
+  std::set<std::string> reserved_ids_;         // reserve_kernel_id
   std::shared_ptr<const Catalog> specs_cat_;  // the catalog specs_body_ was made from
   std::string specs_body_;
   std::shared_ptr<net::ssl::context> tls_;  // before the acceptors: every TLS stream points at it

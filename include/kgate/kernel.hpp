@@ -168,6 +168,7 @@ struct KernelOptions {
 // What POST /api/kernels asks for, after the gateway applied its policies.
 struct StartRequest {
   KernelSpec spec;                            // the kernelspec to launch, already looked up
+  std::string id;                             // the kernel's id (a client's uuid); "" = a fresh uuid4
   std::map<std::string, std::string> env;     // applied over kgate's env and the spec's env
   std::filesystem::path cwd;                  // empty = kgate's cwd
   // Idle timeout of this kernel (overrides the gateway's): nullopt = the gateway's, 0 = never.

@@ -1,5 +1,6 @@
 // Unit tests for the REST helpers: target splitting, query parameters, the Host/Origin/token
-// checks of check_request, and the json_error body.
+// checks of check_request, CORS (preflights and response headers), kernel_id's UUID check, the
+// kernelspec file lookup and its content types, the default_kernel warning, and the json_error body.
 #include "api.hpp"
 
 #include <gtest/gtest.h>
@@ -385,6 +386,245 @@ TEST_F(CheckRequest, HostCheckComesBeforeToken) {
   bad.set(http::field::origin, "http://evil.example");
   bad.set(http::field::authorization, "token s3cret");
   EXPECT_EQ(status(s, bad), 403u);
+}
+
+// ---- CORS --------------------------------------------------------------------------------
+
+Request preflight(std::string origin, std::string method = "POST", std::string headers = "") {
+  Request req{http::verb::options, "/api/kernels", 11};
+  req.set(http::field::host, "localhost:8787");
+  req.set(http::field::origin, origin);
+  req.set(http::field::access_control_request_method, method);
+  if (!headers.empty()) req.set(http::field::access_control_request_headers, headers);
+  return req;
+}
+
+TEST_F(CheckRequest, PreflightFromAListedOriginIsAnsweredWithoutAToken) {
+  GatewayOptions o = with_token("s3cret");
+  o.allow_origins = {"https://app.example"};
+  Server& s = server(o);
+  auto r = check_request(s, preflight("https://app.example", "POST", "authorization, content-type"));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result(), http::status::no_content) << r->body();
+  EXPECT_EQ((*r)[http::field::access_control_allow_origin], "https://app.example");
+  EXPECT_EQ((*r)[http::field::access_control_allow_credentials], "true");
+  EXPECT_EQ((*r)[http::field::access_control_allow_headers], "authorization, content-type") << "echoed";
+  const std::string methods((*r)[http::field::access_control_allow_methods]);
+  for (const char* m : {"GET", "POST", "DELETE"}) EXPECT_NE(methods.find(m), std::string::npos) << methods;
+  EXPECT_FALSE((*r)[http::field::access_control_max_age].empty());
+  EXPECT_NE(std::string((*r)[http::field::vary]).find("Origin"), std::string::npos);
+  EXPECT_TRUE(r->body().empty());
+}
+
+TEST_F(CheckRequest, PreflightWithoutRequestedHeadersGetsTheJupyterList) {
+  GatewayOptions o;
+  o.allow_origins = {"https://app.example/"};  // a trailing slash in the config still matches
+  Server& s = server(o);
+  auto r = check_request(s, preflight("https://App.Example", "DELETE"));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result(), http::status::no_content);
+  EXPECT_EQ((*r)[http::field::access_control_allow_origin], "https://App.Example") << "the origin as sent";
+  const std::string allowed((*r)[http::field::access_control_allow_headers]);
+  for (const char* h : {"Authorization", "Content-Type", "X-XSRFToken"})
+    EXPECT_NE(allowed.find(h), std::string::npos) << allowed;
+}
+
+TEST_F(CheckRequest, PreflightFromAnUnlistedOriginIsRefused) {
+  GatewayOptions o;
+  o.allow_origins = {"https://app.example"};
+  Server& s = server(o);
+  for (const char* origin : {"https://evil.example", "http://app.example", "https://app.example:444", "null",
+                             "http://localhost:8787"}) {
+    auto r = check_request(s, preflight(origin));
+    ASSERT_TRUE(r.has_value()) << origin;
+    EXPECT_EQ(r->result(), http::status::forbidden) << origin;
+    EXPECT_EQ(r->find(http::field::access_control_allow_origin), r->end()) << origin;
+    EXPECT_EQ(r->find(http::field::access_control_allow_credentials), r->end()) << origin;
+  }
+}
+
+TEST_F(CheckRequest, PreflightStillNeedsALoopbackHost) {
+  GatewayOptions o;
+  o.allow_origins = {"*"};
+  Server& s = server(o);
+  Request req = preflight("http://evil.example");
+  req.set(http::field::host, "evil.example:8787");
+  auto r = check_request(s, req);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result(), http::status::forbidden);
+  EXPECT_EQ(r->find(http::field::access_control_allow_origin), r->end());
+}
+
+TEST_F(CheckRequest, StarAllowsEveryOriginWithoutCredentials) {
+  GatewayOptions o;
+  o.allow_origins = {"*"};
+  Server& s = server(o);
+  auto r = check_request(s, preflight("http://anything.example"));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->result(), http::status::no_content);
+  EXPECT_EQ((*r)[http::field::access_control_allow_origin], "*");
+  EXPECT_EQ(r->find(http::field::access_control_allow_credentials), r->end()) << "never * with credentials";
+}
+
+TEST_F(CheckRequest, OptionsWithoutRequestMethodIsNoPreflight) {
+  GatewayOptions o = with_token("s3cret");
+  o.allow_origins = {"https://app.example"};
+  Server& s = server(o);
+  Request req = preflight("https://app.example");
+  req.erase(http::field::access_control_request_method);
+  EXPECT_FALSE(is_cors_preflight(req));
+  EXPECT_EQ(status(s, req), 401u) << "a plain OPTIONS is an ordinary request: it needs the token";
+}
+
+TEST(Cors, ActualResponseHeadersOnlyForListedOrigins) {
+  GatewayOptions o;
+  o.allow_origins = {"https://app.example"};
+  Request req{http::verb::get, "/api", 11};
+  Response listed = json_response(req, http::status::ok, "{}");
+  add_cors_headers(o, "https://app.example", listed);
+  EXPECT_EQ(listed[http::field::access_control_allow_origin], "https://app.example");
+  EXPECT_EQ(listed[http::field::access_control_allow_credentials], "true");
+  EXPECT_EQ(listed[http::field::vary], "Origin");
+  EXPECT_NE(std::string(listed[http::field::access_control_expose_headers]).find("Location"), std::string::npos);
+
+  for (const char* origin : {"", "https://evil.example", "https://app.example.evil.example", "null"}) {
+    Response res = json_response(req, http::status::ok, "{}");
+    add_cors_headers(o, origin, res);
+    EXPECT_EQ(res.find(http::field::access_control_allow_origin), res.end()) << origin;
+    EXPECT_EQ(res.find(http::field::access_control_allow_credentials), res.end()) << origin;
+  }
+  GatewayOptions none;  // the default: no origin listed
+  Response res = json_response(req, http::status::ok, "{}");
+  add_cors_headers(none, "http://localhost:8787", res);
+  EXPECT_EQ(res.find(http::field::access_control_allow_origin), res.end()) << "same-origin needs no CORS";
+}
+
+TEST(Cors, OriginListing) {
+  GatewayOptions o;
+  o.allow_origins = {"https://a.example", "http://B.example:8080/"};
+  EXPECT_EQ(origin_listing(o, "https://a.example"), OriginListing::exact);
+  EXPECT_EQ(origin_listing(o, "http://b.example:8080"), OriginListing::exact);
+  EXPECT_EQ(origin_listing(o, "http://b.example"), OriginListing::none);
+  EXPECT_EQ(origin_listing(o, ""), OriginListing::none);
+  o.allow_origins.push_back("*");
+  EXPECT_EQ(origin_listing(o, "https://a.example"), OriginListing::exact) << "an exact entry wins over *";
+  EXPECT_EQ(origin_listing(o, "https://c.example"), OriginListing::any);
+}
+
+// ---- kernel_id ---------------------------------------------------------------------------
+
+TEST(IsUuid, Cases) {
+  EXPECT_TRUE(is_uuid("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"));
+  EXPECT_TRUE(is_uuid("9078F9CC-81B1-4A03-95AF-2EA4CA17B4B3"));
+  EXPECT_TRUE(is_uuid("00000000-0000-0000-0000-000000000000"));
+  for (const char* bad : {"", "9078f9cc81b14a0395af2ea4ca17b4b3", "9078f9cc-81b1-4a03-95af-2ea4ca17b4b",
+                          "9078f9cc-81b1-4a03-95af-2ea4ca17b4b33", "9078f9cg-81b1-4a03-95af-2ea4ca17b4b3",
+                          "9078f9cc_81b1-4a03-95af-2ea4ca17b4b3", "../../../../../../../../../etc/passwd",
+                          "{9078f9cc-81b1-4a03-95af-2ea4ca17b4b}", "9078f9cc-81b1-4a03-95af-2ea4ca17b4b/"})
+    EXPECT_FALSE(is_uuid(bad)) << bad;
+}
+
+// ---- kernelspec files --------------------------------------------------------------------
+
+void write(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+TEST(KernelspecFile, ServesRegularFilesInsideTheDirectory) {
+  TempDir tmp{"kgate-specfile", TempDir::canonical};
+  const fs::path dir = tmp.path() / "kernels" / "k";
+  write(dir / "kernel.json", "{}");
+  write(dir / "logo-64x64.png", "png");
+  write(dir / "static" / "ext" / "main.js", "js");
+  write(dir / "README.md", "md");
+  fs::create_symlink("static/ext/main.js", dir / "inside-link.js");
+  EXPECT_EQ(kernelspec_file(dir, "logo-64x64.png"), dir / "logo-64x64.png");
+  EXPECT_EQ(kernelspec_file(dir, "kernel.json"), dir / "kernel.json");
+  EXPECT_EQ(kernelspec_file(dir, "static/ext/main.js"), dir / "static" / "ext" / "main.js");
+  EXPECT_EQ(kernelspec_file(dir, "static//ext/main.js"), dir / "static" / "ext" / "main.js");
+  EXPECT_EQ(kernelspec_file(dir, "README.md"), dir / "README.md");
+  EXPECT_EQ(kernelspec_file(dir, "inside-link.js"), dir / "static" / "ext" / "main.js")
+      << "a symlink that stays inside is fine";
+  // The kernelspec directory reached through a symlink (as in a conda env) still works.
+  fs::create_directory_symlink(dir, tmp.path() / "linked");
+  EXPECT_EQ(kernelspec_file(tmp.path() / "linked", "logo-64x64.png"), dir / "logo-64x64.png");
+}
+
+TEST(KernelspecFile, NoEscapes) {
+  TempDir tmp{"kgate-specfile", TempDir::canonical};
+  const fs::path dir = tmp.path() / "kernels" / "k";
+  write(dir / "kernel.json", "{}");
+  write(dir / "sub" / "a.txt", "a");
+  write(tmp.path() / "kernels" / "secret.txt", "secret");
+  write(tmp.path() / "kernels" / "k-other" / "x.txt", "x");
+  fs::create_symlink(tmp.path() / "kernels" / "secret.txt", dir / "out-link.txt");
+  fs::create_directory_symlink(tmp.path() / "kernels", dir / "out-dir");
+  fs::create_symlink("../secret.txt", dir / "rel-out-link.txt");
+  for (const char* rel : {"../secret.txt", "sub/../../secret.txt", "./kernel.json", "sub/./a.txt", "..",
+                          "/etc/passwd", "out-link.txt", "rel-out-link.txt", "out-dir/secret.txt",
+                          "../k-other/x.txt", "sub", "", "nothing.png", "sub/"}) {
+    EXPECT_FALSE(kernelspec_file(dir, rel).has_value()) << rel;
+  }
+  EXPECT_FALSE(kernelspec_file(dir, std::string("kernel.json\0.txt", 16)).has_value()) << "a NUL";
+  EXPECT_FALSE(kernelspec_file("", "kernel.json").has_value());
+  EXPECT_FALSE(kernelspec_file(tmp.path() / "absent", "kernel.json").has_value());
+}
+
+TEST(KernelspecFile, ContentTypes) {
+  EXPECT_EQ(kernelspec_content_type("logo-64x64.png"), "image/png");
+  EXPECT_EQ(kernelspec_content_type("LOGO.PNG"), "image/png");
+  EXPECT_EQ(kernelspec_content_type("logo-svg.svg"), "image/svg+xml");
+  EXPECT_EQ(kernelspec_content_type("kernel.js"), "text/javascript; charset=utf-8");
+  EXPECT_EQ(kernelspec_content_type("kernel.css"), "text/css; charset=utf-8");
+  EXPECT_EQ(kernelspec_content_type("kernel.json"), "application/json");
+  EXPECT_EQ(kernelspec_content_type("sub.dir/notes.txt"), "text/plain; charset=utf-8");
+  EXPECT_EQ(kernelspec_content_type("a/b.woff2"), "font/woff2");
+  EXPECT_EQ(kernelspec_content_type("page.html"), "application/octet-stream") << "no pages from the API origin";
+  EXPECT_EQ(kernelspec_content_type("Makefile"), "application/octet-stream");
+  EXPECT_EQ(kernelspec_content_type("dir.png/file"), "application/octet-stream");
+}
+
+// ---- default_kernel ----------------------------------------------------------------------
+
+Catalog catalog_of(std::vector<std::pair<std::string, bool>> specs, std::string default_name) {
+  Catalog cat;
+  for (auto& [name, ok] : specs) {
+    CatalogEntry e;
+    e.spec.name = name;
+    e.spec.language = "python";
+    e.launchable = ok;
+    if (!ok) e.reason = "ipykernel not installed";
+    cat.entries.push_back(std::move(e));
+  }
+  cat.default_name = std::move(default_name);
+  return cat;
+}
+
+TEST(DefaultKernelWarning, NoneWhenItNamesALaunchableSpec) {
+  auto cat = catalog_of({{"python3", true}, {"ir", true}}, "ir");
+  EXPECT_EQ(default_kernel_warning(cat, "ir"), "");
+  EXPECT_EQ(default_kernel_warning(cat, "python3"), "");
+}
+
+TEST(DefaultKernelWarning, NamesTheSettingTheFallbackAndTheSpecs) {
+  auto cat = catalog_of({{"python3", true}, {"ir", true}, {"broken", false}}, "python3");
+  const std::string w = default_kernel_warning(cat, "no-such-kernel");
+  EXPECT_NE(w.find("default_kernel = \"no-such-kernel\""), std::string::npos) << w;
+  EXPECT_NE(w.find("names no kernelspec"), std::string::npos) << w;
+  EXPECT_NE(w.find("start python3 instead"), std::string::npos) << w;
+  EXPECT_NE(w.find("Kernelspecs: python3, ir"), std::string::npos) << w;
+  EXPECT_EQ(w.find("broken"), std::string::npos) << "only launchable ones are listed: " << w;
+
+  const std::string b = default_kernel_warning(cat, "broken");
+  EXPECT_NE(b.find("cannot be launched (ipykernel not installed)"), std::string::npos) << b;
+}
+
+TEST(DefaultKernelWarning, NoKernelspecAtAll) {
+  auto cat = catalog_of({}, "no-such-kernel");
+  const std::string w = default_kernel_warning(cat, "no-such-kernel");
+  EXPECT_NE(w.find("fails"), std::string::npos) << w;
+  EXPECT_NE(w.find("Kernelspecs: none"), std::string::npos) << w;
 }
 
 }  // namespace
