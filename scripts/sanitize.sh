@@ -61,7 +61,7 @@ if [ "$run_fuzz" = 1 ]; then
       -print_final_stats=1 -artifact_prefix="$work/$name/artifacts/" "$work/$name/corpus" "$seeds" \
       > "$work/$name/log" 2>&1
   }
-  targets=(wire ws_codec http jsonrpc kernel_json toml)
+  targets=(wire ws_codec http jsonrpc kernel_json toml record)
   pids=()
   for t in "${targets[@]}"; do
     fuzz_one "$t" &

@@ -684,6 +684,7 @@ static std::string holder_text(const ClaimView& h) {
 Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
                          JobOrigin origin, const std::function<void(ClientMessage)>& send) {
   Outcome out;
+  make_valid_utf8(code);  // it is recorded and sent as JSON (from HTTP it is valid already)
   if (!limits_.enabled) {
     out.refusal = Refusal::disabled;
     out.message = "Job records are switched off in this kgate ([records] enabled = false)";
@@ -734,8 +735,8 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
                     {"user_expressions", json::object()}, {"allow_stdin", false},
                     {"stop_on_error", false}};
     Job& j = create_locked(kernel, origin, msg_id, code);
-    j.agent = agent.agent;
-    j.label = pk.claim->label;
+    j.agent = valid_utf8(agent.agent);  // an agent's id and label may come from a URL's query
+    j.label = valid_utf8(pk.claim->label);
     out.job = j.id();
     ClientMessage cm;
     cm.channel = Channel::shell;

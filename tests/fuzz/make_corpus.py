@@ -220,6 +220,70 @@ def toml_items():
     yield "limits", "[limits]\nmax_kernels = 0\nclient_queue_bytes = 1\n[pool]\nsize = 2\n[pool.kernels]\npython3 = 1\n"
 
 
+# ---- job records: kernel messages for the record path ---------------------------------------
+# A step is an op byte and a `who` byte (taken from the end) and one string (from the front); the
+# record limits are taken from the very end first.  ops: 0-5 iopub stream, error, execute_result,
+# execute_input, status and an execute_reply with the string as their content; 6-11 the same as
+# well-formed messages with the string in their text fields; 12 an agent's submit, 13 a client's
+# silent request, 14 a restart / death / cull, 15 every read.  who: the request (index into
+# r0 r1 r2 and those submitted), bit 7 kgate's own session.
+def kernel_bytes(obj):
+    """Content as ipykernel packs it: a str's '\\udcXX' goes out as the raw byte XX."""
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogateescape")
+
+
+def record_seed(steps, output=64, code=64, budget=4096, jobs=16, unseen=16, marks=4):
+    consumed = []
+    for value, width in ((output - 1, 2), (code - 1, 2), (budget - 1, 2), (jobs - 1, 1), (unseen - 1, 1),
+                         (marks - 1, 1)):
+        consumed += list(value.to_bytes(width, "big"))  # the first byte taken is the high one
+    strings = []
+    for op, who, text in steps:
+        consumed += [op, who]
+        strings.append(text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape"))
+    return fdp_strings(strings) + bytes(reversed(consumed))
+
+
+BAD = "out \udcff \x1b\u00e9 \x1b[1;31mred\x1b[0m \udce4\udcb8 \x1b]8;;http://x/\u00e9\x07link\x1b \U0001f600"
+
+
+def record_items():
+    r0 = 0
+    yield "foreign_cell_raw", record_seed([
+        (4, r0, kernel_bytes({"execution_state": "busy"})),
+        (3, r0, kernel_bytes({"code": "raise ValueError('\\x1b\\u00e9 bad')", "execution_count": 1})),
+        (0, r0, kernel_bytes({"name": "stdout", "text": BAD})),
+        (2, r0, kernel_bytes({"data": {"text/plain": "res \udcc3"}, "execution_count": 1})),
+        (1, r0, kernel_bytes({"ename": "ValueError", "evalue": "\x1b\u00e9 \udce9 bad",
+                              "traceback": ["\x1b[0;31mValueError\x1b[0m: \x1b\u00e9 \udce9 bad"]})),
+        (5, r0, kernel_bytes({"status": "error", "ename": "ValueError", "evalue": "\udcff"})),
+        (4, r0, kernel_bytes({"execution_state": "idle"})),
+        (15, 40, ""),
+    ])
+    # An agent's cell: its request is the fourth (index 3), in kgate's session.
+    yield "agent_cell", record_seed([
+        (12, 0, "print('\u00e9')"),
+        (10, 0x83, ""),
+        (9, 0x83, "print('\u00e9')"),
+        (6, 0x83, BAD),
+        (0x16, 0x83, "err \udcc3\x1b"),
+        (8, 0x83, "\udcf0\udc9f\udc98"),
+        (7, 0x83, BAD),
+        (11, 0x83, "\x1b\u00e9"),
+        (0x1A, 0x83, ""),
+        (15, 3, ""),
+    ], output=16, code=8)
+    yield "silent_and_restart", record_seed([
+        (13, 1, "x = '\udcff'"),
+        (10, 1, ""),
+        (6, 1, "a" * 40 + "\u00e9" * 20 + "\udce9"),
+        (14, 0, "restarted \udcff"),
+        (0x1D, 2, b'{"code": "y", "silent": true}'),
+        (0x2E, 2, "culled"),
+        (15, 7, ""),
+    ], output=8, budget=64, jobs=2, unseen=1)
+
+
 if __name__ == "__main__":
     write("wire", wire_items())
     write("ws_codec", ws_items())
@@ -227,5 +291,6 @@ if __name__ == "__main__":
     write("jsonrpc", jsonrpc_items())
     write("kernel_json", kernel_json_items())
     write("toml", toml_items())
+    write("record", record_items())
     for d in sorted(CORPUS.iterdir()):
         print(f"{d.name}: {len(list(d.iterdir()))} seeds")

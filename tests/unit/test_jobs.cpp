@@ -831,3 +831,18 @@ TEST(JobStore, TheTextAroundBadBytesIsKept) {
   EXPECT_EQ(j.traceback[0], "ValueError: \u00e9 \uFFFD bad");
   EXPECT_NO_THROW(std::ignore = job_json(j, true, std::chrono::steady_clock::now()).dump());
 }
+
+TEST(JobStore, CodeAndLabelsThatAreNotUtf8AreRepairedNotThrown) {
+  Fixture f;
+  Outcome out;
+  ASSERT_NO_THROW(out = f.submit("agent-\xC3", "print('\xFF')", "label \xE9"));
+  ASSERT_TRUE(out) << out.message;
+  EXPECT_EQ(json::parse(f.sent.back().wire.content)["code"], "print('\uFFFD')");
+  Job j = f.job(out.job);
+  EXPECT_EQ(j.code, "print('\uFFFD')");
+  EXPECT_EQ(j.agent, "agent-\uFFFD");
+  EXPECT_EQ(j.label, "label \uFFFD");
+  f.store->on_kernel_lifecycle(f.kernel, KernelLifecycle::restarting, "restarted \xFF");
+  EXPECT_EQ(f.store->restarts(f.kernel->id()).at(0).reason, "restarted \uFFFD");
+  EXPECT_NO_THROW(std::ignore = job_json(f.job(out.job), true, std::chrono::steady_clock::now()).dump());
+}
