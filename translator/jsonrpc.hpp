@@ -64,7 +64,8 @@ inline constexpr int kUnsupportedProtocolVersion = -32022;  // MCP 2026-07-28; d
 inline constexpr std::string_view kModernVersion = "2026-07-28";
 inline constexpr std::string_view kLatestLegacyVersion = "2025-11-25";
 
-// A tool's arguments were wrong. StdioServer turns it into JSON-RPC error -32602 with this message.
+// A tool's arguments were wrong in a way its inputSchema cannot say. StdioServer turns it into a
+// tool error (isError true) with this message, as it does for arguments that break the schema.
 struct InvalidParams : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -92,6 +93,16 @@ struct ToolReply {
   bool is_error = false;
 };
 
+// Checks a tool's arguments against its inputSchema, the schema tools/list publishes, so what a
+// tool declares and what it accepts cannot differ. The JSON Schema keywords it knows: type (a name
+// or a list of names), properties, required, additionalProperties (false or a schema), enum,
+// const, minimum, maximum, exclusiveMinimum, exclusiveMaximum, minLength and maxLength (in code
+// points), items, minItems and maxItems; others (description, default, ...) are ignored. Returns
+// "" when the arguments fit, else one sentence per problem, each naming the argument and what
+// was expected. StdioServer answers a call that does not fit with a tool error (isError true)
+// and does not run it.
+std::string check_arguments(const json& schema, const json& arguments);
+
 // The tools. Implemented by the translator's tool layer and by test fakes.
 class ToolHandler {
  public:
@@ -100,8 +111,9 @@ class ToolHandler {
   // thread, for each tools/list and each tools/call, which is how it checks the tool name.
   virtual json tool_list() const = 0;
   // Runs one call on its own worker thread and may block for minutes; calls can run concurrently.
-  // Throw InvalidParams for bad arguments (the client gets -32602). Any other exception becomes a
-  // tool result with isError true and the exception's message as text, not a JSON-RPC error.
+  // Arguments that break the tool's inputSchema never reach it (see check_arguments). Throw
+  // InvalidParams for other bad arguments. It, and any other exception, becomes a tool result
+  // with isError true and the exception's message as text, not a JSON-RPC error.
   virtual ToolReply call(Call& call) = 0;
   // notifications/cancelled arrived for `call` (call.cancelled is already set). The server then
   // sends no reply for it. Runs on the reader thread and must not block. It can race with call()

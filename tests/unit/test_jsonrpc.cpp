@@ -153,8 +153,9 @@ class TestHandler : public ToolHandler {
     cv_.wait_for(lock, kWait, [&] { return active_ == 0; });
   }
 
-  void add(std::string name, Fn fn) {
+  void add(std::string name, Fn fn, json schema = {{"type", "object"}}) {
     std::lock_guard lock(mutex_);
+    schemas_[name] = std::move(schema);
     tools_[std::move(name)] = std::move(fn);
   }
 
@@ -165,7 +166,7 @@ class TestHandler : public ToolHandler {
     for (const auto& entry : tools_) {
       list.push_back({{"name", entry.first},
                       {"description", "test tool " + entry.first},
-                      {"inputSchema", {{"type", "object"}}}});
+                      {"inputSchema", schemas_.at(entry.first)}});
     }
     return list;
   }
@@ -253,6 +254,7 @@ class TestHandler : public ToolHandler {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::map<std::string, Fn> tools_;
+  std::map<std::string, json> schemas_;
   int active_ = 0;
   int started_ = 0;
   int ended_ = 0;
@@ -884,9 +886,9 @@ TEST(JsonRpcTools, ReplyShapes) {
   Harness s(h);
   EXPECT_EQ(s.tool(1, "ok")["result"], json::parse(R"({"content":[{"type":"text","text":"fine"}],"isError":false})"));
   EXPECT_EQ(s.tool(2, "soft_error")["result"]["isError"], true);
-  json r = s.tool(3, "invalid");
-  expect_error(r, rpc_error::kInvalidParams);
-  EXPECT_EQ(r["error"]["message"], "code must be a string");
+  json r = s.tool(3, "invalid");  // a tool error the model can read, not a JSON-RPC error
+  EXPECT_EQ(r["result"]["isError"], true);
+  EXPECT_EQ(r["result"]["content"][0], json({{"type", "text"}, {"text", "code must be a string"}}));
   r = s.tool(4, "crash");
   EXPECT_EQ(r["result"]["isError"], true);
   EXPECT_EQ(r["result"]["content"][0], json({{"type", "text"}, {"text", "gateway exploded"}}));
@@ -894,6 +896,91 @@ TEST(JsonRpcTools, ReplyShapes) {
   EXPECT_EQ(r["result"]["isError"], true);
   EXPECT_EQ(s.tool(6, "empty")["result"], json::parse(R"({"content":[],"isError":false})"));
   expect_error(s.tool(7, "malformed"), rpc_error::kInternalError);
+  s.expect_alive();
+}
+
+// ---- arguments against inputSchema ------------------------------------------------------
+
+json run_schema() {
+  return json::parse(R"({
+    "type": "object",
+    "properties": {
+      "code": {"type": "string", "minLength": 1, "maxLength": 8, "description": "Python code"},
+      "timeout": {"type": "number", "minimum": 0, "maximum": 3600},
+      "tries": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 5},
+      "mode": {"type": "string", "enum": ["fast", "slow"]},
+      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+      "opt": {"type": "object", "properties": {"deep": {"type": "boolean"}}, "additionalProperties": false},
+      "any": {"type": ["string", "null"]}
+    },
+    "required": ["code"],
+    "additionalProperties": false
+  })");
+}
+
+TEST(JsonRpcSchema, ArgumentsThatFitPass) {
+  const json schema = run_schema();
+  EXPECT_EQ(check_arguments(schema, {{"code", "1+1"}}), "");
+  EXPECT_EQ(check_arguments(schema, {{"code", "é"}, {"timeout", 0}, {"tries", 4.0}, {"mode", "slow"},
+                                     {"tags", {"a", "b"}}, {"opt", {{"deep", true}}}, {"any", nullptr}}),
+            "");
+  EXPECT_EQ(check_arguments(schema, {{"code", "x"}, {"timeout", 3600.0}, {"any", "s"}}), "");
+  EXPECT_EQ(check_arguments(json::object(), {{"whatever", 1}}), "");  // no keywords: anything goes
+  EXPECT_EQ(check_arguments({{"type", "object"}, {"description", "ignored"}, {"title", "t"}}, {{"x", 1}}), "");
+  // A count of code points, not bytes: eight two-byte characters fit maxLength 8.
+  EXPECT_EQ(check_arguments(schema, {{"code", "éééééééé"}}), "");
+}
+
+TEST(JsonRpcSchema, EachProblemNamesTheArgumentAndWhatWasExpected) {
+  const json schema = run_schema();
+  auto check = [&](json args) { return check_arguments(schema, args); };
+  EXPECT_EQ(check({{"code", "1"}, {"timeout", "abc"}}), "'timeout' must be a number, not a string (\"abc\").");
+  EXPECT_EQ(check({{"code", "1"}, {"timeout", true}}), "'timeout' must be a number, not a boolean (true).");
+  EXPECT_EQ(check(json::object()), "'code' (a string) is required.");
+  EXPECT_EQ(check({{"code", 5}}), "'code' must be a string, not an integer (5).");
+  EXPECT_EQ(check({{"code", "1"}, {"bogus", 1}}),
+            "unknown argument 'bogus' (the arguments are: any, code, mode, opt, tags, timeout, tries).");
+  EXPECT_EQ(check({{"code", "1"}, {"timeout", -1}}), "'timeout' must be at least 0, not -1.");
+  EXPECT_EQ(check({{"code", "1"}, {"timeout", 3600.5}}), "'timeout' must be at most 3600, not 3600.5.");
+  EXPECT_EQ(check({{"code", "1"}, {"tries", 2.5}}), "'tries' must be an integer, not a number (2.5).");
+  EXPECT_EQ(check({{"code", "1"}, {"tries", 0}}), "'tries' must be greater than 0, not 0.");
+  EXPECT_EQ(check({{"code", "1"}, {"tries", 5}}), "'tries' must be less than 5, not 5.");
+  EXPECT_EQ(check({{"code", "1"}, {"mode", "medium"}}), "'mode' must be one of \"fast\", \"slow\", not \"medium\".");
+  EXPECT_EQ(check({{"code", ""}}), "'code' must be at least 1 characters long.");
+  EXPECT_EQ(check({{"code", "123456789"}}), "'code' must be at most 8 characters long, not 9.");
+  EXPECT_EQ(check({{"code", "1"}, {"tags", {"a", 2}}}), "'tags[1]' must be a string, not an integer (2).");
+  EXPECT_EQ(check({{"code", "1"}, {"tags", {"a", "b", "c"}}}), "'tags' must have at most 2 items, not 3.");
+  EXPECT_EQ(check({{"code", "1"}, {"opt", {{"deep", 1}}}}), "'opt.deep' must be a boolean, not an integer (1).");
+  EXPECT_EQ(check({{"code", "1"}, {"opt", {{"wide", 1}}}}), "unknown argument 'opt.wide' (the arguments are: deep).");
+  EXPECT_EQ(check({{"code", "1"}, {"any", 3}}), "'any' must be a string or a null, not an integer (3).");
+  // Every problem is told, not only the first.
+  EXPECT_EQ(check({{"timeout", "x"}, {"zzz", 1}}),
+            "'code' (a string) is required. 'timeout' must be a number, not a string (\"x\"). "
+            "unknown argument 'zzz' (the arguments are: any, code, mode, opt, tags, timeout, tries).");
+  // A long value is shown cut, never inside a multi-byte character.
+  std::string text = check({{"code", 1}, {"timeout", std::string(30, 'a') + std::string(20, '\xc3') }});
+  EXPECT_NE(text.find("..."), std::string::npos) << text;
+  EXPECT_EQ(check_arguments({{"type", "object"}, {"additionalProperties", false}}, {{"x", 1}}),
+            "unknown argument 'x' (this tool takes no arguments).");
+}
+
+TEST(JsonRpcSchema, TheServerRefusesACallThatBreaksTheSchemaAsAToolError) {
+  TestHandler h;
+  h.add("run", [](Call& c) { return text_reply("ran " + c.arguments.dump()); }, run_schema());
+  Harness s(h);
+  json r = s.tool(1, "run", {{"code", "1"}, {"timeout", "abc"}});
+  ASSERT_TRUE(r.contains("result")) << r.dump();
+  EXPECT_EQ(r["result"]["isError"], true);
+  EXPECT_EQ(r["result"]["content"][0]["text"], "Invalid arguments for run: 'timeout' must be a number, not a string (\"abc\").");
+  r = s.tool(2, "run", {{"code", "1"}, {"extra", 1}}, modern_meta());
+  EXPECT_EQ(r["result"]["isError"], true);
+  EXPECT_EQ(r["result"]["resultType"], "complete");
+  EXPECT_NE(r["result"]["content"][0]["text"].get<std::string>().find("'extra'"), std::string::npos);
+  EXPECT_EQ(h.started(), 0);  // the tool never ran
+  r = s.tool(3, "run", {{"code", "1"}});
+  EXPECT_EQ(r["result"]["isError"], false);
+  EXPECT_EQ(r["result"]["content"][0]["text"], R"(ran {"code":"1"})");
+  EXPECT_EQ(h.started(), 1);
   s.expect_alive();
 }
 
