@@ -5,6 +5,7 @@
 // and wakes the poll loop through an eventfd.  Kernel objects (the models) are shared and
 // guard their own fields with a mutex.
 #include "kgate/kernel.hpp"
+#include "kgate/utf8.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -764,6 +765,12 @@ void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel 
       continue;
     }
     m.wire.identities.clear();
+    // A kernel may send bytes that are not UTF-8 (ipykernel packs with surrogateescape, so a str
+    // holding '\udcff' goes out as the byte 0xFF). Past the signature check, every JSON part is
+    // made valid here, once, so no reader downstream (the records, the websocket clients' text
+    // frames, the JSON parsers) ever sees an invalid byte; binary buffers stay as they are.
+    for (std::string* part : {&m.wire.header, &m.wire.parent_header, &m.wire.metadata, &m.wire.content})
+      make_valid_utf8(*part);
     json header = json::parse(m.wire.header, nullptr, false);
     json parent = json::parse(m.wire.parent_header, nullptr, false);
     if (!header.is_object()) continue;

@@ -174,3 +174,17 @@ def test_kgate_mcp_execute_returns_the_error_text(kgate, kernel, mcp_bin, tmp_pa
     finally:
         m.close(timeout=30)
         m.kill()
+
+
+def test_websocket_clients_get_valid_utf8_text_frames(kgate, kernel):
+    """A kernel's invalid bytes reach a websocket client as U+FFFD, in every frame format: a
+    text frame that is not UTF-8 makes websocket-client (and browsers) drop the connection."""
+    code = ("import sys\n"
+            "sys.stdout.write('before \\udcff\\udce9 after\\n'); sys.stdout.flush()\n"
+            "raise ValueError('\\x1b\\u00e9 bad \\udcff')")
+    for proto in (None, ["v1.kernel.websocket.jupyter.org"]):
+        with kgate.connect(kernel, subprotocols=proto) as ws:
+            r = ws.execute(code)
+            assert "before \ufffd\ufffd after" in r.stdout, r
+            assert r.error and r.error["ename"] == "ValueError", r
+            assert "\ufffd" in r.error["evalue"], r.error
