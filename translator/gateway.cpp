@@ -3,6 +3,7 @@
 
 #include <sys/un.h>
 
+#include <algorithm>
 #include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
 
 #include <boost/asio.hpp>
@@ -28,8 +29,6 @@ namespace {
 constexpr auto kConnectTimeout = std::chrono::seconds(5);
 constexpr std::size_t kMaxResponseBytes = 256u << 20;   // a notebook export can be large
 constexpr std::size_t kMaxWsMessageBytes = 256u << 20;
-constexpr std::size_t kMaxExpected = 64;                // requests whose outputs are kept
-constexpr std::size_t kMaxOutputsPerRequest = 1000;
 
 std::string user_agent() { return std::string(server_name()) + "/" + std::string(server_version()); }
 
@@ -480,6 +479,7 @@ void KernelChannel::close() {
   std::lock_guard lk(mu_);
   seen_.clear();
   order_.clear();
+  kept_bytes_ = 0;
 }
 
 bool KernelChannel::send(const std::string& channel, const json& msg) {
@@ -518,21 +518,74 @@ bool KernelChannel::send(const std::string& channel, const json& msg) {
 
 void KernelChannel::expect(const std::string& msg_id) {
   std::lock_guard lk(mu_);
-  if (seen_.count(msg_id)) {
-    seen_[msg_id].full = true;
-    return;
-  }
-  seen_[msg_id].full = true;
+  if (seen_.count(msg_id)) return;
+  seen_[msg_id];
   order_.push_back(msg_id);
-  while (order_.size() > kMaxExpected) {
-    seen_.erase(order_.front());
-    order_.pop_front();
-  }
+  evict();
 }
 
 void KernelChannel::forget(const std::string& msg_id) {
   std::lock_guard lk(mu_);
-  seen_.erase(msg_id);
+  auto it = seen_.find(msg_id);
+  if (it == seen_.end()) return;
+  kept_bytes_ -= it->second.stream_bytes + it->second.data_bytes;
+  seen_.erase(it);
+  order_.erase(std::remove(order_.begin(), order_.end(), msg_id), order_.end());
+}
+
+void KernelChannel::evict() {
+  while (order_.size() > 1 && (order_.size() > kMaxRequests || kept_bytes_ > kMaxKeptBytes)) {
+    // The oldest finished request, else the oldest (never the newest).
+    auto victim = std::find_if(order_.begin(), std::prev(order_.end()), [&](const std::string& id) {
+      auto it = seen_.find(id);
+      return it == seen_.end() || it->second.idle;
+    });
+    if (victim == std::prev(order_.end())) victim = order_.begin();
+    if (auto it = seen_.find(*victim); it != seen_.end()) {
+      kept_bytes_ -= it->second.stream_bytes + it->second.data_bytes;
+      seen_.erase(it);
+    }
+    order_.erase(victim);
+  }
+}
+
+void KernelChannel::keep(Collected& c, CellOutput o, std::size_t message_bytes) {
+  if (o.kind == CellOutput::Kind::stream) {
+    const std::size_t n = o.text.size();
+    CellOutput* last = c.outputs.empty() ? nullptr : &c.outputs.back();
+    if (last && last->kind == CellOutput::Kind::stream && last->name == o.name) {
+      last->text += o.text;
+    } else if (c.outputs.size() < kMaxOutputs) {
+      c.outputs.push_back(std::move(o));
+    } else {
+      ++c.dropped;
+      return;
+    }
+    c.stream_bytes += n;
+    kept_bytes_ += n;
+    if (c.stream_bytes <= kMaxStreamBytes) return;
+    // Over the bound: cut the oldest stream text (at character starts) down to 3/4 of it, so
+    // that a cell printing without end costs a cut now and then, not one per message.
+    const std::size_t target = kMaxStreamBytes / 4 * 3;
+    for (auto& out : c.outputs) {
+      if (c.stream_bytes <= target) break;
+      if (out.kind != CellOutput::Kind::stream || out.text.empty()) continue;
+      std::size_t cut = std::min(out.text.size(), c.stream_bytes - target);
+      while (cut < out.text.size() && (static_cast<unsigned char>(out.text[cut]) & 0xC0) == 0x80) ++cut;
+      out.text.erase(0, cut);
+      out.cut += cut;
+      c.stream_bytes -= cut;
+      kept_bytes_ -= cut;
+    }
+    return;
+  }
+  if (c.outputs.size() >= kMaxOutputs || c.data_bytes + message_bytes > kMaxDataBytes) {
+    ++c.dropped;
+    return;
+  }
+  c.outputs.push_back(std::move(o));
+  c.data_bytes += message_bytes;
+  kept_bytes_ += message_bytes;
 }
 
 void KernelChannel::on_message(const std::string& text) {
@@ -541,33 +594,37 @@ void KernelChannel::on_message(const std::string& text) {
   const json& parent = m.value("parent_header", json::object());
   if (!parent.is_object() || !parent.contains("msg_id") || !parent["msg_id"].is_string()) return;
   std::string pid = parent["msg_id"].get<std::string>();
-  std::string type = m.value("header", json::object()).value("msg_type", "");
-  if (type.empty()) type = m.value("msg_type", "");
-  std::string channel = m.value("channel", "");
+  auto str_of = [](const json& j, const char* key) {
+    const auto f = j.is_object() ? j.find(key) : j.end();
+    return j.is_object() && f != j.end() && f->is_string() ? f->get<std::string>() : std::string();
+  };
+  std::string type = str_of(m.value("header", json::object()), "msg_type");
+  if (type.empty()) type = str_of(m, "msg_type");
+  std::string channel = str_of(m, "channel");
   std::lock_guard lk(mu_);
   auto it = seen_.find(pid);
   if (it == seen_.end()) {
     if (channel != "iopub") return;
     it = seen_.emplace(pid, Collected{}).first;
     order_.push_back(pid);
-    while (order_.size() > kMaxExpected) {
-      seen_.erase(order_.front());
-      order_.pop_front();
-    }
   }
   auto& c = it->second;
   const json& content = m.value("content", json::object());
   if (channel == "iopub") {
-    bool has_image = false;
-    if (auto d = content.find("data"); d != content.end() && d->is_object())
-      for (auto& [mime, v] : d->items()) has_image |= mime.rfind("image/", 0) == 0 && mime != "image/svg+xml";
-    if (type == "status" && content.value("execution_state", "") == "idle") c.idle = true;
-    else if (c.outputs.size() < kMaxOutputsPerRequest && (c.full || has_image))
-      if (auto o = output_from_iopub(type, content)) c.outputs.push_back(std::move(*o));
+    const std::string state = type == "status" ? str_of(content, "execution_state") : "";
+    if (type == "status") {
+      if (state == "busy") c.began = true;
+      if (state == "idle") c.idle = true;
+    } else if (type == "execute_input") {
+      c.began = true;
+    } else if (auto o = output_from_iopub(type, content)) {
+      keep(c, std::move(*o), text.size());
+    }
   } else if (channel == "shell" && type == "execute_reply") {
     c.replied = true;
     c.reply = content;
   }
+  evict();
   cv_.notify_all();
 }
 

@@ -4,24 +4,35 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <regex>
 
+#include <libxml/HTMLparser.h>
+#include <libxml/tree.h>
 #include <openssl/evp.h>
 
 #include "images.hpp"
+#include "kgate/utf8.hpp"
 
 namespace kgate::mcp {
 
 namespace {
 
-// The text mimes in the order a model is shown them (a DataFrame renders as its HTML).
-constexpr std::array<std::string_view, 5> kTextMimes = {"text/markdown", "text/html", "application/javascript",
-                                                        "text/latex", "text/plain"};
+// The text mimes shown, in this order, when text/plain says nothing (render_text).
+constexpr std::array<std::string_view, 4> kRichMimes = {"text/markdown", "text/html", "text/latex",
+                                                        "application/javascript"};
 // The image mimes in the order one is picked from a bundle.
 constexpr std::array<std::string_view, 3> kImageMimes = {"image/jpeg", "image/png", "image/webp"};
 
 // Chars kept free for the line render_text puts at a cut (it is shorter than this even with
 // four 20-digit numbers).
 constexpr std::size_t kCutNoteReserve = 200;
+
+// HTML past this many bytes is not parsed (the text shown is capped far below it anyway).
+constexpr std::size_t kMaxHtmlBytes = std::size_t(2) << 20;
+// Elements nested deeper than this are not read (libxml2 stops at 256 without HTML_PARSE_HUGE).
+constexpr int kMaxHtmlDepth = 512;
 
 bool continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
@@ -40,10 +51,16 @@ std::size_t char_offset(std::string_view s, std::size_t n) {
 
 // Removes ANSI escapes: CSI (ESC [, parameter and intermediate bytes 0x20-0x3F, a final byte
 // 0x40-0x7E), OSC (ESC ] ... BEL or ESC \) and the short forms (ESC, intermediates 0x20-0x2F,
-// a final byte 0x30-0x7E: ESC ( B, ESC =, ...).  A malformed escape loses only its ASCII bytes,
-// so a UTF-8 character after it is never split; an unterminated OSC ends at the line's end.
-std::string strip_ansi(std::string_view s) {
-  auto in = [&](std::size_t i, char lo, char hi) { return i < s.size() && s[i] >= lo && s[i] <= hi; };
+// a final byte 0x30-0x7E: ESC ( B, ESC =, ...).  A malformed escape loses only its ASCII bytes
+// (bytes are compared unsigned: one of a multi-byte character is never taken for a parameter,
+// intermediate or final byte), so a UTF-8 character after it is never split; an unterminated OSC
+// ends at the line's end.  The input is made valid_utf8 first, so the output is valid UTF-8.
+std::string strip_ansi(std::string_view raw) {
+  const std::string valid = valid_utf8(raw);
+  const std::string_view s = valid;
+  auto in = [&](std::size_t i, unsigned char lo, unsigned char hi) {
+    return i < s.size() && static_cast<unsigned char>(s[i]) >= lo && static_cast<unsigned char>(s[i]) <= hi;
+  };
   std::string out;
   out.reserve(s.size());
   std::size_t i = 0;
@@ -185,15 +202,35 @@ struct Piece {
   std::string text;
 };
 
+bool blank(std::string_view s) { return s.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos; }
+
+// The image a bundle shows (render_content: the first of kImageMimes), its data and mime.
+std::optional<std::string> bundle_image(const json& data, std::string_view& mime) {
+  if (!data.is_object()) return std::nullopt;
+  for (const auto m : kImageMimes)
+    if (auto d = mime_text(data, m)) {
+      mime = m;
+      return d;
+    }
+  return std::nullopt;
+}
+
 Piece data_piece(std::string tag, const json& data) {
   Piece p{std::move(tag), {}, {}};
   if (!data.is_object()) return p;
-  for (const auto mime : kTextMimes)
+  const std::optional<std::string> plain = mime_text(data, "text/plain");
+  if (plain && !blank(*plain) && !is_default_repr(*plain)) {
+    p.text = strip_ansi(*plain);
+    return p;
+  }
+  for (const auto mime : kRichMimes)
     if (auto text = mime_text(data, mime)) {
-      if (mime != "text/plain") p.mime = mime;
-      p.text = strip_ansi(*text);
-      break;
+      p.mime = mime;
+      p.text = mime == "text/html" ? html_to_text(*text) : strip_ansi(*text);
+      return p;
     }
+  std::string_view image_mime;
+  if (plain && !bundle_image(data, image_mime)) p.text = strip_ansi(*plain);  // all there is
   return p;
 }
 
@@ -277,9 +314,9 @@ std::vector<CellOutput> outputs_from_record(const json& job) {
   const std::size_t output_cut = count_field(job, "output_cut");
   if (!output.empty() || output_cut) {
     CellOutput o;
-    o.name = "stdout";
-    if (output_cut) o.text = "[" + std::to_string(output_cut) + " earlier bytes of output were cut]\n";
-    o.text += output;
+    o.name = "output";  // stdout and stderr, interleaved as the record keeps them
+    o.cut = output_cut;
+    o.text = output;
     outs.push_back(std::move(o));
   }
   const std::string result = str_field(job, "result");
@@ -295,7 +332,7 @@ std::vector<CellOutput> outputs_from_record(const json& job) {
   if (const auto err = job.find("error"); err != job.end() && err->is_object()) outs.push_back(error_output(*err));
   if (const std::string note = str_field(job, "note"); !note.empty()) {
     CellOutput o;
-    o.name = "stderr";
+    o.name = "note";
     o.text = note;
     outs.push_back(std::move(o));
   }
@@ -339,84 +376,380 @@ std::string cap_traceback(const std::vector<std::string>& tb, std::size_t line_c
   return out;
 }
 
-std::string render_text(const std::vector<CellOutput>& outs, const RenderOptions& opts) {
-  std::vector<Piece> displays, streams, tail;
-  for (const auto& o : outs) {
+namespace {
+
+// One place in a reply, in the order of the outputs: a text, an image, or a line of its own (the
+// tag before an image, or a note for one that cannot be sent).
+struct Item {
+  enum class Kind { text, image, line };
+  Kind kind = Kind::text;
+  Piece piece;             // text: the output's text; line: the line (in `text`)
+  std::size_t out = 0;     // the output it came from (a merged stream run: the last)
+  bool stream = false;     // text of a stream run: cleaned once the run is complete
+  bool dropped = false;    // a repeated image, or the repeated text of its output
+  std::string_view mime;   // image: its mime in the bundle; then the mime sent
+  std::string data;        // image: its base64, as the bundle has it; then as sent
+};
+
+// The outputs as items, texts cleaned and trimmed (some may be left empty); with `images`, an
+// image item before the text of each output that has one.
+std::vector<Item> layout(const std::vector<CellOutput>& outs, const RenderOptions& opts, bool images) {
+  std::vector<Item> items;
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    const CellOutput& o = outs[k];
     switch (o.kind) {
       case CellOutput::Kind::stream: {
-        const std::string name = o.name.empty() ? "stdout" : o.name;
-        auto it = std::find_if(streams.begin(), streams.end(), [&](const Piece& p) { return p.tag == name; });
-        if (it == streams.end()) streams.push_back({name, {}, o.text});
-        else it->text += o.text;
+        std::string name = o.name.empty() ? "stdout" : valid_utf8(o.name);
+        std::string text = o.cut ? "[" + std::to_string(o.cut) + " earlier bytes of output were cut]\n" : std::string();
+        text += o.text;
+        Item* last = items.empty() ? nullptr : &items.back();
+        if (last && last->stream && last->out + 1 == k && last->piece.tag == name) {
+          last->piece.text += text;
+          last->out = k;
+        } else {
+          Item it;
+          it.piece = {std::move(name), {}, std::move(text)};
+          it.out = k;
+          it.stream = true;
+          items.push_back(std::move(it));
+        }
         break;
       }
-      case CellOutput::Kind::display_data: displays.push_back(data_piece("display_data", o.data)); break;
-      case CellOutput::Kind::execute_result: tail.push_back(data_piece("execute_result", o.data)); break;
-      case CellOutput::Kind::error: tail.push_back(error_piece(o, opts)); break;
+      case CellOutput::Kind::display_data:
+      case CellOutput::Kind::execute_result: {
+        std::string_view mime;
+        if (auto data = images ? bundle_image(o.data, mime) : std::nullopt) {
+          Item img;
+          img.kind = Item::Kind::image;
+          img.out = k;
+          img.mime = mime;
+          img.data = std::move(*data);
+          items.push_back(std::move(img));
+        }
+        Item it;
+        it.piece = data_piece(o.kind == CellOutput::Kind::display_data ? "display_data" : "execute_result", o.data);
+        it.out = k;
+        items.push_back(std::move(it));
+        break;
+      }
+      case CellOutput::Kind::error: {
+        Item it;
+        it.piece = error_piece(o, opts);
+        it.out = k;
+        items.push_back(std::move(it));
+        break;
+      }
     }
   }
-  auto rank = [](const Piece& p) { return p.tag == "stdout" ? 0 : p.tag == "stderr" ? 1 : 2; };
-  std::stable_sort(streams.begin(), streams.end(), [&](const Piece& a, const Piece& b) { return rank(a) < rank(b); });
-  for (auto& p : streams) p.text = clean_stream(p.text);
+  for (auto& it : items) {
+    if (it.kind != Item::Kind::text) continue;
+    if (it.stream) it.piece.text = clean_stream(it.piece.text);
+    it.piece.text.resize(trim_trailing_space(it.piece.text).size());
+  }
+  return items;
+}
 
-  std::vector<Piece> pieces;
-  for (auto* group : {&displays, &streams, &tail})
-    for (auto& p : *group) {
-      p.text.resize(trim_trailing_space(p.text).size());
-      if (!p.text.empty()) pieces.push_back(std::move(p));
+std::string open_tag(const Piece& p) { return "<" + p.tag + (p.mime.empty() ? "" : " mime=\"" + p.mime + "\"") + ">\n"; }
+
+std::string shown(const Piece& p, bool bare) {
+  if (bare) return p.text;
+  return open_tag(p) + p.text + "\n</" + p.tag + ">";
+}
+
+// The texts of a reply, and whether the one text is shown bare.
+struct Texts {
+  std::vector<Piece*> pieces;
+  bool bare = false;
+};
+
+Texts texts_of(std::vector<Item>& items) {
+  Texts t;
+  for (auto& it : items)
+    if (it.kind == Item::Kind::text && !it.dropped && !it.piece.text.empty()) t.pieces.push_back(&it.piece);
+  t.bare = t.pieces.size() == 1 && t.pieces.front()->tag != "stderr";
+  return t;
+}
+
+// Cuts texts so that they and `overhead` chars of tags and lines fit in `max` (render_text: an
+// equal share each, the shares of short texts left to the long ones).  max 0 = no cap.
+void fit_texts(const std::vector<Piece*>& pieces, std::size_t overhead, std::size_t max) {
+  if (max == 0 || pieces.empty()) return;
+  std::vector<std::pair<std::size_t, Piece*>> sized;
+  std::size_t total = 0;
+  for (Piece* p : pieces) {
+    sized.emplace_back(chars(p->text), p);
+    total += sized.back().first;
+  }
+  std::size_t left = max > overhead ? max - overhead : 0;
+  if (total <= left) return;
+  std::stable_sort(sized.begin(), sized.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::size_t n = sized.size();
+  for (auto& [size, p] : sized) {
+    const std::size_t share = left / n--;
+    if (size > share) {
+      p->text = cap_text(std::move(p->text), std::max<std::size_t>(share, 1));
+      size = chars(p->text);
     }
-  std::string text;
-  if (pieces.size() == 1) {
-    text = std::move(pieces.front().text);
-  } else {
-    for (std::size_t k = 0; k < pieces.size(); ++k) {
-      const Piece& p = pieces[k];
-      if (k) text.push_back('\n');
-      text += "<" + p.tag + (p.mime.empty() ? "" : " mime=\"" + p.mime + "\"") + ">\n";
-      text += p.text;
-      text += "\n</" + p.tag + ">";
+    left -= std::min(left, size);
+  }
+}
+
+// The chars that tags add to the texts when they are not bare, with the "\n" between items.
+std::size_t tag_overhead(const Texts& t) {
+  std::size_t n = t.pieces.empty() ? 0 : t.pieces.size() - 1;
+  if (!t.bare)
+    for (const Piece* p : t.pieces) n += chars(open_tag(*p)) + p->tag.size() + 4;
+  return n;
+}
+
+std::string without_space(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s)
+    if (c != ' ' && c != '\n' && c != '\r' && c != '\t' && c != '\f' && c != '\v') out.push_back(c);
+  return out;
+}
+
+// HTML as readable text: see html_to_text.
+class HtmlText {
+ public:
+  void visit(const xmlNode* first, int depth);
+  std::string finish();
+
+ private:
+  void element(const xmlNode* n, int depth);
+  void text(std::string_view t);
+  void breaks(std::size_t n);  // `out_` ends with n line breaks (unless it is empty)
+
+  std::string out_;
+  int pre_ = 0;
+  bool space_ = false;         // white space is pending (collapsed to one space)
+  std::vector<int> lists_;     // open lists: 0 for <ul>, else the next number of an <ol>
+  std::vector<bool> rows_;     // open rows: whether a cell was written
+};
+
+bool name_in(std::string_view name, std::initializer_list<std::string_view> names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+void HtmlText::visit(const xmlNode* first, int depth) {
+  if (depth > kMaxHtmlDepth) return;
+  for (const xmlNode* n = first; n; n = n->next) {
+    if (n->type == XML_TEXT_NODE || n->type == XML_CDATA_SECTION_NODE) {
+      if (n->content) text(reinterpret_cast<const char*>(n->content));
+    } else if (n->type == XML_ELEMENT_NODE) {
+      element(n, depth);
     }
   }
-  return cap_text(std::move(text), opts.max_text);
+}
+
+void HtmlText::element(const xmlNode* n, int depth) {
+  const std::string_view name = n->name ? reinterpret_cast<const char*>(n->name) : "";
+  if (name_in(name, {"script", "style", "head", "title", "template", "noscript"})) return;
+  if (name == "br") {
+    out_ += '\n';
+    space_ = false;
+    return;
+  }
+  if (name == "hr") {
+    breaks(1);
+    out_ += "---";
+    breaks(1);
+    return;
+  }
+  if (name == "img") {
+    if (xmlChar* alt = xmlGetProp(n, reinterpret_cast<const xmlChar*>("alt"))) {
+      const std::string_view a = reinterpret_cast<const char*>(alt);
+      if (!blank(a)) text("[" + std::string(a) + "]");
+      xmlFree(alt);
+    }
+    return;
+  }
+  const bool paragraph = name_in(name, {"p", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "dl", "table", "pre",
+                                        "blockquote", "figure"});
+  const bool line = paragraph || name_in(name, {"div", "li", "tr", "dt", "dd", "section", "article", "header",
+                                                "footer", "nav", "aside", "main", "caption", "thead", "tbody", "tfoot",
+                                                "form", "details", "summary", "address", "fieldset", "legend",
+                                                "figcaption", "body", "html"});
+  if (line) breaks(paragraph && lists_.empty() ? 2 : 1);
+  if (name == "li") {
+    out_ += std::string(2 * (lists_.empty() ? 0 : lists_.size() - 1), ' ');
+    if (!lists_.empty() && lists_.back() > 0) out_ += std::to_string(lists_.back()++) + ". ";
+    else out_ += "- ";
+  } else if ((name == "td" || name == "th") && !rows_.empty()) {
+    if (rows_.back()) out_ += " | ";
+    rows_.back() = true;
+    space_ = false;
+  }
+  if (name == "ul" || name == "ol") lists_.push_back(name == "ol" ? 1 : 0);
+  if (name == "tr") rows_.push_back(false);
+  if (name == "pre") ++pre_;
+  visit(n->children, depth + 1);
+  if (name == "pre") --pre_;
+  if (name == "tr") rows_.pop_back();
+  if (name == "ul" || name == "ol") lists_.pop_back();
+  if (line) breaks(paragraph && lists_.empty() ? 2 : 1);
+}
+
+void HtmlText::text(std::string_view t) {
+  if (pre_ > 0) {
+    out_.append(t);
+    space_ = false;
+    return;
+  }
+  for (char c : t) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f') {
+      space_ = true;
+      continue;
+    }
+    if (space_ && !out_.empty() && out_.back() != '\n' && out_.back() != ' ') out_ += ' ';
+    space_ = false;
+    out_ += c;
+  }
+}
+
+void HtmlText::breaks(std::size_t n) {
+  space_ = false;
+  while (!out_.empty() && out_.back() == ' ') out_.pop_back();
+  if (out_.empty()) return;
+  std::size_t have = 0;
+  while (have < out_.size() && out_[out_.size() - 1 - have] == '\n') ++have;
+  if (have < n) out_.append(n - have, '\n');
+}
+
+std::string HtmlText::finish() {
+  // Lines without trailing blanks, at most one empty line in a row, none at either end.
+  std::string out;
+  out.reserve(out_.size());
+  std::size_t empty = 0;
+  std::size_t i = 0;
+  while (i <= out_.size()) {
+    std::size_t nl = out_.find('\n', i);
+    if (nl == std::string::npos) nl = out_.size();
+    const std::string_view line = trim_trailing_space(std::string_view(out_).substr(i, nl - i));
+    if (line.empty()) {
+      ++empty;
+    } else {
+      if (!out.empty()) out.append(empty ? "\n\n" : "\n");
+      out.append(line);
+      empty = 0;
+    }
+    i = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string html_to_text(std::string_view html) {
+  static std::once_flag init;
+  std::call_once(init, [] { xmlInitParser(); });
+  std::size_t cut = std::min(html.size(), kMaxHtmlBytes);
+  while (cut < html.size() && cut > 0 && continuation(html[cut])) --cut;  // not inside a character
+  const std::string src = valid_utf8(html.substr(0, cut));
+  std::string rest;
+  if (cut < html.size()) rest = "[… " + std::to_string(html.size() - cut) + " more bytes of HTML not shown …]";
+  std::string text;
+  if (!blank(src)) {
+    htmlDocPtr doc = htmlReadMemory(src.data(), int(src.size()), nullptr, "UTF-8",
+                                    HTML_PARSE_RECOVER | HTML_PARSE_NOERROR | HTML_PARSE_NOWARNING | HTML_PARSE_NONET);
+    if (doc) {
+      HtmlText walker;
+      walker.visit(doc->children, 0);
+      xmlFreeDoc(doc);
+      text = walker.finish();
+    }
+  }
+  if (!rest.empty()) text += (text.empty() ? "" : "\n") + rest;
+  return valid_utf8(text);
+}
+
+bool is_default_repr(std::string_view text_plain) {
+  const auto start = text_plain.find_first_not_of(" \t\r\n");
+  if (start == std::string_view::npos) return false;
+  const std::string_view t = trim_trailing_space(text_plain.substr(start));
+  if (t.size() > 512) return false;
+  static const std::regex kDefault(R"(<[A-Za-z_][A-Za-z0-9_.]* object( at 0x[0-9A-Fa-f]+)?>)");
+  return std::regex_match(t.begin(), t.end(), kDefault);
+}
+
+std::string render_text(const std::vector<CellOutput>& outs, const RenderOptions& opts) {
+  std::vector<Item> items = layout(outs, opts, false);
+  const Texts t = texts_of(items);
+  fit_texts(t.pieces, tag_overhead(t), opts.max_text);
+  std::string text;
+  for (const Piece* p : t.pieces) {
+    if (!text.empty()) text.push_back('\n');
+    text += shown(*p, t.bare);
+  }
+  return text;
 }
 
 json render_content(const std::vector<CellOutput>& outs, const RenderOptions& opts) {
-  std::string text = render_text(outs, opts);
-  json blocks = json::array();
-  std::vector<std::string> notes;
+  std::vector<Item> items = layout(outs, opts, true);
+  // The images: each sent once, fitted, at most max_images; the others become lines.
+  std::map<std::string, std::string> seen;  // an image's data (no white space) -> its output's text
   std::size_t images = 0;
-  for (const auto& o : outs) {
-    if (o.kind != CellOutput::Kind::display_data && o.kind != CellOutput::Kind::execute_result) continue;
-    if (!o.data.is_object()) continue;
-    std::string_view mime;
-    std::optional<std::string> data;
-    for (const auto m : kImageMimes)
-      if ((data = mime_text(o.data, m))) {
-        mime = m;
-        break;
-      }
-    if (!data) continue;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    Item& it = items[i];
+    if (it.kind != Item::Kind::image) continue;
+    Item* own_text = i + 1 < items.size() && items[i + 1].out == it.out && items[i + 1].kind == Item::Kind::text
+                         ? &items[i + 1] : nullptr;
+    std::string key = without_space(it.data);
+    if (const auto dup = seen.find(key); dup != seen.end()) {
+      it.dropped = true;
+      if (own_text && own_text->piece.text == dup->second) own_text->dropped = true;
+      continue;
+    }
+    seen.emplace(std::move(key), own_text ? own_text->piece.text : std::string());
     auto unavailable = [&](const std::string& why) {
-      notes.push_back("<media-unavailable mime=\"" + std::string(mime) + "\": " + why + ">");
+      it.kind = Item::Kind::line;
+      it.piece.text = "<media-unavailable mime=\"" + std::string(it.mime) + "\": " + valid_utf8(why) + ">";
+      it.data.clear();
     };
     if (images >= opts.max_images) {
       unavailable("over the limit of " + std::to_string(opts.max_images) + " images in one reply");
       continue;
     }
-    FittedImage img = fit_image(*data, mime, opts.max_pixels);
+    FittedImage img = fit_image(it.data, it.mime, opts.max_pixels);
     if (!img.ok) {
       unavailable(img.error);
       continue;
     }
     ++images;
-    blocks.push_back(text_block("<media id=\"" + media_id(img.base64) + "\" type=\"output\" mime=\"" + img.mime + "\">"));
-    blocks.push_back({{"type", "image"}, {"data", std::move(img.base64)}, {"mimeType", img.mime}});
+    it.piece.text = "<media id=\"" + media_id(img.base64) + "\" type=\"output\" mime=\"" + img.mime + "\">";
+    it.data = std::move(img.base64);
+    it.piece.mime = img.mime;
   }
-  for (const auto& note : notes) {
+
+  const Texts t = texts_of(items);
+  std::size_t overhead = tag_overhead(t);
+  for (const auto& it : items)
+    if (it.kind != Item::Kind::text && !it.dropped) overhead += chars(it.piece.text) + 1;
+  fit_texts(t.pieces, overhead, opts.max_text);
+
+  json blocks = json::array();
+  std::string text;
+  auto add = [&](const std::string& line) {
     if (!text.empty()) text.push_back('\n');
-    text += note;
+    text += line;
+  };
+  for (auto& it : items) {
+    if (it.dropped) continue;
+    switch (it.kind) {
+      case Item::Kind::text:
+        if (!it.piece.text.empty()) add(shown(it.piece, t.bare));
+        break;
+      case Item::Kind::line: add(it.piece.text); break;
+      case Item::Kind::image:
+        add(it.piece.text);
+        blocks.push_back(text_block(std::move(text)));
+        text.clear();
+        blocks.push_back({{"type", "image"}, {"data", std::move(it.data)}, {"mimeType", it.piece.mime}});
+        break;
+    }
   }
-  blocks.push_back(text_block(std::move(text)));
+  if (!text.empty()) blocks.push_back(text_block(std::move(text)));
   return blocks;
 }
 

@@ -113,6 +113,58 @@ void append_text(json& content, const std::string& text) {
     content.push_back(text_block(text));
 }
 
+// How long a job's last outputs may come after its record says it ended (the websocket and the
+// HTTP reply are separate streams).
+constexpr auto kChannelLag = 2s;
+
+std::string json_str(const json& j, const char* key) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  return j.is_object() && it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// A kgate job's outputs.  From the kernel channel when it saw the job's request from its first
+// message (every output, in the order the kernel sent it: stdout, stderr, display_data, images),
+// with the record's note; else from the record (text only: stdout and stderr interleaved, no
+// display_data) after the images the channel has of it.  `watched`: the channel was open on the
+// job's kernel before the job was sent, so a request it has not seen yet is only late.
+std::vector<CellOutput> job_outputs(KernelChannel& channel, const json& rec, bool watched) {
+  std::vector<CellOutput> from_record = outputs_from_record(rec);
+  const std::string request = json_str(rec, "request");
+  if (request.empty() || !channel.is_open() || channel.kernel() != json_str(rec, "kernel")) return from_record;
+  const bool ended = !running(rec);
+  auto got = channel.wait_for(request, 0ms, [](const KernelChannel::Collected&) { return true; });
+  if (ended && !got.idle && (watched || got.began))
+    got = channel.wait_for(request, kChannelLag, [](const KernelChannel::Collected& cc) { return cc.idle; });
+  if (got.began && (got.idle || !ended)) {
+    std::vector<CellOutput> outs = std::move(got.outputs);
+    if (got.dropped) {
+      CellOutput o;
+      o.name = "note";
+      o.text = "[" + std::to_string(got.dropped) + " more outputs of this cell were not kept: over kgate-mcp's " +
+               "limits of " + std::to_string(KernelChannel::kMaxOutputs) + " outputs and " +
+               std::to_string(KernelChannel::kMaxDataBytes >> 20) + " MiB per cell]";
+      outs.push_back(std::move(o));
+    }
+    for (auto& o : from_record)
+      if (o.kind == CellOutput::Kind::stream && o.name == "note") outs.push_back(std::move(o));
+    return outs;
+  }
+  std::vector<CellOutput> outs;
+  for (auto& o : got.outputs) {
+    if (o.kind != CellOutput::Kind::display_data && o.kind != CellOutput::Kind::execute_result) continue;
+    json data = json::object();
+    for (auto& [mime, v] : o.data.items())
+      if (mime.rfind("image/", 0) == 0 && mime != "image/svg+xml") data[mime] = v;
+    if (data.empty()) continue;
+    CellOutput img;
+    img.kind = CellOutput::Kind::display_data;
+    img.data = std::move(data);
+    outs.push_back(std::move(img));
+  }
+  outs.insert(outs.end(), from_record.begin(), from_record.end());
+  return outs;
+}
+
 const char* kConnectDesc =
     "Connect this conversation to a Jupyter kernel, making it the current kernel that execute, "
     "poll_job, restart and interrupt act on.\n\n"
@@ -686,6 +738,7 @@ ToolReply Translator::execute(Call& c) {
   std::string job, refusal;
   bool still = false;
   std::vector<CellOutput> direct;
+  const bool watched = t->cur.kgate && channel_.is_open() && channel_.kernel() == t->cur.kernel;
   json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct);
   {
     std::lock_guard lk(calls_mu_);
@@ -700,27 +753,9 @@ ToolReply Translator::execute(Call& c) {
     return text_reply(banner + refusal + note);
   }
   json content = json::array();
-  std::vector<CellOutput> outs = !t->cur.kgate ? direct
-                                 : rec.is_object() && rec.contains("output") ? outputs_from_record(rec)
-                                                                              : std::vector<CellOutput>{};
+  // Every output in order, from the kernel's websocket (records keep no display_data).
+  std::vector<CellOutput> outs = !t->cur.kgate ? direct : job_outputs(channel_, rec, watched);
   if (!t->cur.kgate && still) job = "the cell";
-  if (t->cur.kgate && rec.is_object() && !still) {
-    // Images are not in records: take them from the kernel's websocket, once it saw the idle.
-    std::string request = rec.value("request", "");
-    if (!request.empty() && channel_.is_open() && channel_.kernel() == t->cur.kernel) {
-      auto got = channel_.wait_for(request, 500ms, [](const KernelChannel::Collected& cc) { return cc.idle; });
-      for (auto& o : got.outputs) {
-        CellOutput img = o;
-        json data = json::object();
-        for (auto& [mime, v] : o.data.items())
-          if (mime.rfind("image/", 0) == 0 && mime != "image/svg+xml") data[mime] = v;
-        if (data.empty()) continue;
-        img.kind = CellOutput::Kind::display_data;
-        img.data = data;
-        outs.insert(outs.begin(), img);
-      }
-    }
-  }
   if (still) {
     std::string partial = render_text(outs);
     content.push_back(text_block(banner + job + " is still running after " + fmt_seconds(timeout) +
@@ -761,17 +796,33 @@ ToolReply Translator::poll_job(Call& c) {
     if (!running(rec) || left <= kSlice || c.cancelled) break;
     if (c.progress) c.progress(wait - left, wait, job + " running");
   }
-  std::string body = render_text(outputs_from_record(rec));
+  // From the kernel's websocket when it saw the whole job (then with display_data and images),
+  // else from the record.
+  const bool ended = !running(rec);
+  std::vector<CellOutput> outs = job_outputs(channel_, rec, false);
+  json content = ended ? render_content(outs) : json::array();
   std::string head = job + ": " + status_of(rec) + " (" + fmt_seconds(rec.value("elapsed", 0.0)) + " s)" +
                      (rec.value("origin", "") == "user" ? ", run by the user" : "");
-  std::string text = head + "\n" + (running(rec) ? "Partial output:\n" : "") + (body.empty() ? "(no output)" : body);
+  std::string text = head + "\n";
+  if (!ended) {
+    std::string body = render_text(outs);
+    text += "Partial output:\n" + (body.empty() ? std::string("(no output)") : body);
+  } else if (content_text(content).empty()) {
+    text += "(no output)";
+  }
+  if (!content.empty() && content.front().value("type", "") == "text")
+    content.front()["text"] = text + content.front().value("text", "");
+  else
+    content.insert(content.begin(), text_block(text));
   if (cur) {
     Target t{*cur, http};
     std::vector<std::string> to_ack;
-    text += foreign_note(t, to_ack);
+    append_text(content, foreign_note(t, to_ack));
     ack(t, to_ack);
   }
-  return text_reply(text);
+  ToolReply r;
+  r.content = content;
+  return r;
 }
 
 ToolReply Translator::list_kernels(Call& c) {

@@ -426,7 +426,101 @@ kc.stop_channels()
     check(!/^2\s*$/m.test(exec.text.split("\n")[0]), "no kernel runs uninspected", exec.text);
     return { isError: !!r.result.isError, text: clip(r.text, 300) };
   },
+
+  /** display() output reaches the agent: a displayed str, HTML as readable text (not its
+   *  `<... object>` repr), Markdown as is, and stdout, stderr and display_data in the order the
+   *  kernel sent them, stderr in its own block. */
+  async display_outputs(conv) {
+    await connectFresh(conv);
+    const plain = await conv.ok("execute", { code: "display('hello display')" });
+    noEmptyText(plain.result);
+    check(plain.text.includes("hello display"), "display('hello display') shows its text", plain.text);
+    check(!plain.text.includes("(no output)"), "display() is output", plain.text);
+
+    const html = await conv.ok("execute", {
+      code: "from IPython.display import HTML, Markdown\ndisplay(HTML('<b>x</b>'))",
+    });
+    noEmptyText(html.result);
+    check(html.text.trim() === "x", "display(HTML('<b>x</b>')) reads 'x'", html.text);
+
+    const md = await conv.ok("execute", { code: "display(Markdown('# Title\\n\\nsome *emphasis*'))" });
+    noEmptyText(md.result);
+    check(md.text.includes("# Title") && md.text.includes("some *emphasis*"), "Markdown comes as is", md.text);
+    check(!/object>/.test(md.text), "not the default repr", md.text);
+
+    const code = [
+      "import sys",
+      "print('one-out', flush=True)",
+      "print('two-err', file=sys.stderr, flush=True)",
+      "display('three-display')",
+      "print('four-out', flush=True)",
+      "print('five-err', file=sys.stderr, flush=True)",
+    ].join("\n");
+    const mixed = await conv.ok("execute", { code });
+    noEmptyText(mixed.result);
+    const t = mixed.text;
+    const at = ["one-out", "two-err", "three-display", "four-out", "five-err"].map((s) => t.indexOf(s));
+    check(at.every((i) => i >= 0), "every output is in the reply", t);
+    check(at.every((i, k) => k === 0 || at[k - 1] < i), "outputs come in the order the kernel sent them", t);
+    check(/<stderr>\s*two-err\s*<\/stderr>/.test(t) && /<stderr>\s*five-err\s*<\/stderr>/.test(t),
+      "stderr is in its own <stderr> blocks", t);
+    check(/<stdout>\s*one-out\s*<\/stdout>/.test(t), "stdout is in a <stdout> block of its own", t);
+    return { html: html.text, mixed: clip(t, 400) };
+  },
+
+  /** Images in place among the text, no empty text block (after an image or anywhere), and a
+   *  matplotlib figure as the cell's last expression (an execute_result and, from the inline
+   *  backend, a display_data of the same PNG) sent once. */
+  async inline_images(conv) {
+    await connectFresh(conv);
+    const setup = [
+      "import matplotlib",
+      "import matplotlib.pyplot as plt",
+      "%matplotlib inline",
+    ].join("\n");
+    await conv.ok("execute", { code: setup, timeout: 110 });
+    const between = [
+      "print('before the plot', flush=True)",
+      "f = plt.figure(figsize=(2, 2)); plt.plot([1, 2, 3]); display(f); plt.close(f)",
+      "print('after the plot', flush=True)",
+    ].join("\n");
+    const r1 = await conv.ok("execute", { code: between });
+    noEmptyText(r1.result);
+    const b1 = r1.result.content;
+    const img = b1.findIndex((b) => b.type === "image");
+    check(img > 0 && b1.filter((b) => b.type === "image").length === 1, "one image block", b1.map((b) => b.type));
+    const textBefore = b1.slice(0, img).filter((b) => b.type === "text").map((b) => b.text).join("\n");
+    const textAfter = b1.slice(img + 1).filter((b) => b.type === "text").map((b) => b.text).join("\n");
+    check(textBefore.includes("before the plot") && !textBefore.includes("after the plot"),
+      "the text printed before the image comes before it", b1.map((b) => b.text || b.type));
+    check(textAfter.includes("after the plot"), "the text printed after the image comes after it",
+      b1.map((b) => b.text || b.type));
+
+    const last = await conv.ok("execute", {
+      code: "g = plt.figure(figsize=(2, 2)); plt.plot([3, 1]); display(g); plt.close(g)",
+    });
+    noEmptyText(last.result);
+    const b2 = last.result.content;
+    check(b2.filter((b) => b.type === "image").length === 1, "one image block", b2.map((b) => b.type));
+
+    const fig = await conv.ok("execute", {
+      code: "fig, ax = plt.subplots(figsize=(2, 2))\nax.plot([1, 2, 3])\nfig",
+    });
+    noEmptyText(fig.result);
+    const b3 = fig.result.content;
+    check(b3.filter((b) => b.type === "image").length === 1, "the figure as the last expression is sent once",
+      b3.map((b) => b.type));
+    return { between: b1.map((b) => b.type), last: b2.map((b) => b.type), fig: b3.map((b) => b.type) };
+  },
 };
+
+/** No text block of a reply is empty or blank (a model's API rejects an empty text block). */
+function noEmptyText(result) {
+  const blocks = result.content || [];
+  const empty = blocks.findIndex((b) => b.type === "text" && !(b.text || "").trim());
+  check(empty < 0, `no empty text block (block ${empty} of ${blocks.length} is)`,
+    blocks.map((b) => (b.type === "text" ? b.text : b.type)));
+}
 
 const INSPECTORS_SAMPLE = `
 import ast

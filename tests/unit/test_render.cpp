@@ -15,6 +15,7 @@
 
 #include "images.hpp"
 #include "kgate/jobs.hpp"
+#include "kgate/utf8.hpp"
 #include "render.hpp"
 
 using namespace kgate;
@@ -252,33 +253,77 @@ TEST(RenderText, OneOutputIsBare) {
   EXPECT_EQ(render_text({display({{"image/png", "iVBO"}}), stream("stdout", ""), result({{"text/plain", "7"}})}), "7");
 }
 
-TEST(RenderText, SeveralOutputsAreTagged) {
+TEST(RenderText, SeveralOutputsAreTaggedInTheOrderTheKernelSentThem) {
   const std::vector<CellOutput> outs = {stream("stdout", "a\n"), stream("stderr", "careful\n"), stream("stdout", "b\n"),
                                         result({{"text/plain", "3"}})};
   EXPECT_EQ(render_text(outs),
-            "<stdout>\na\nb\n</stdout>\n<stderr>\ncareful\n</stderr>\n<execute_result>\n3\n</execute_result>");
+            "<stdout>\na\n</stdout>\n<stderr>\ncareful\n</stderr>\n<stdout>\nb\n</stdout>\n<execute_result>\n3\n</execute_result>");
+  const std::vector<CellOutput> mixed = {stream("stderr", "w"),
+                                         error_out("ZeroDivisionError", "division by zero", {"ZeroDivisionError: division by zero"}),
+                                         stream("stdout", "o"), display({{"text/plain", "<Figure>"}})};
+  EXPECT_EQ(render_text(mixed),
+            "<stderr>\nw\n</stderr>\n<error>\nZeroDivisionError: division by zero\n</error>\n<stdout>\no\n</stdout>\n"
+            "<display_data>\n<Figure>\n</display_data>");
+  // print, stderr, display, print: each where it came.
+  EXPECT_EQ(render_text({stream("stdout", "one\n"), stream("stderr", "two\n"), display({{"text/plain", "'three'"}}),
+                         stream("stdout", "four\n")}),
+            "<stdout>\none\n</stdout>\n<stderr>\ntwo\n</stderr>\n<display_data>\n'three'\n</display_data>\n"
+            "<stdout>\nfour\n</stdout>");
 }
 
-TEST(RenderText, OrderIsDisplaysStreamsThenErrorsAndResults) {
-  const std::vector<CellOutput> outs = {stream("stderr", "w"), error_out("ZeroDivisionError", "division by zero", {"ZeroDivisionError: division by zero"}),
-                                        stream("stdout", "o"), display({{"text/plain", "<Figure>"}})};
-  EXPECT_EQ(render_text(outs),
-            "<display_data>\n<Figure>\n</display_data>\n<stdout>\no\n</stdout>\n<stderr>\nw\n</stderr>\n"
-            "<error>\nZeroDivisionError: division by zero\n</error>");
+TEST(RenderText, ConsecutiveMessagesOfAStreamAreOneText) {
+  // A run of one stream is cleaned as one text: a progress bar's '\r' spans its messages.
+  EXPECT_EQ(render_text({stream("stdout", "10%"), stream("stdout", "\r50%"), stream("stdout", "\r100%\n"),
+                         stream("stderr", "done\n")}),
+            "<stdout>\n100%\n</stdout>\n<stderr>\ndone\n</stderr>");
+  // An output between two runs keeps them apart, even when it shows no text.
+  EXPECT_EQ(render_text({stream("stdout", "a"), display({{"image/png", "iVBO"}}), stream("stdout", "b")}),
+            "<stdout>\na\n</stdout>\n<stdout>\nb\n</stdout>");
+}
+
+TEST(RenderText, StderrIsNeverBare) {
+  EXPECT_EQ(render_text({stream("stderr", "UserWarning: careful\n")}), "<stderr>\nUserWarning: careful\n</stderr>");
+  EXPECT_EQ(render_text({stream("stdout", "out\n")}), "out");
+  EXPECT_EQ(render_text({error_out("E", "x", {})}), "E: x");
 }
 
 TEST(RenderText, MimePreference) {
+  // text/plain when it says something: a DataFrame shows its text table.
   const json df = {{"text/html", "<table><tr><td>1</td></tr></table>"}, {"text/plain", "   a\n0  1"}};
-  EXPECT_EQ(render_text({result(df)}), "<table><tr><td>1</td></tr></table>");
-  EXPECT_EQ(render_text({stream("stdout", "x"), result(df)}),
-            "<stdout>\nx\n</stdout>\n<execute_result mime=\"text/html\">\n<table><tr><td>1</td></tr></table>\n</execute_result>");
-  EXPECT_EQ(render_text({result({{"text/html", "<b>h</b>"}, {"text/markdown", "**m**"}, {"text/plain", "p"}})}), "**m**");
-  EXPECT_EQ(render_text({result({{"text/latex", "$x^2$"}, {"text/plain", "x**2"}})}), "$x^2$");
-  EXPECT_EQ(render_text({result({{"application/javascript", "alert(1)"}, {"text/latex", "$x$"}})}), "alert(1)");
+  EXPECT_EQ(render_text({result(df)}), "   a\n0  1");
+  EXPECT_EQ(render_text({result({{"text/html", "<b>h</b>"}, {"text/markdown", "**m**"}, {"text/plain", "p"}})}), "p");
+  EXPECT_EQ(render_text({result({{"text/latex", "$x^2$"}, {"text/plain", "x**2"}})}), "x**2");
+  // Only the default repr (display(HTML(...)), Markdown(...)): markdown as is, HTML as text.
+  EXPECT_EQ(render_text({display({{"text/plain", "<IPython.core.display.HTML object>"}, {"text/html", "<b>x</b>"}})}), "x");
+  EXPECT_EQ(render_text({display({{"text/plain", "<IPython.core.display.Markdown object>"}, {"text/markdown", "# T\n*i*"}})}),
+            "# T\n*i*");
+  EXPECT_EQ(render_text({result({{"text/plain", "<x.Y object at 0x7f3a2c1d>"}, {"text/html", "<i>h</i>"},
+                                 {"text/markdown", "**m**"}})}),
+            "**m**");
+  EXPECT_EQ(render_text({stream("stdout", "x"), display({{"text/plain", "<IPython.core.display.HTML object>"},
+                                                          {"text/html", "<p>a &amp; b</p>"}})}),
+            "<stdout>\nx\n</stdout>\n<display_data mime=\"text/html\">\na & b\n</display_data>");
+  // A blank text/plain says nothing either.
+  EXPECT_EQ(render_text({result({{"text/plain", "  \n"}, {"text/html", "<b>h</b>"}})}), "h");
+  // Without text/plain: markdown, html, latex, then javascript.
+  EXPECT_EQ(render_text({result({{"application/javascript", "alert(1)"}, {"text/latex", "$x$"}})}), "$x$");
+  EXPECT_EQ(render_text({result({{"application/javascript", "alert(1)"}})}), "alert(1)");
+  // The default repr and nothing else: it is all there is; beside an image it says nothing.
+  EXPECT_EQ(render_text({display({{"text/plain", "<object object at 0x7f00aa>"}})}), "<object object at 0x7f00aa>");
+  EXPECT_EQ(render_text({display({{"text/plain", "<IPython.core.display.Image object>"}, {"image/png", "iVBO"}})}), "");
   // nbformat's list-of-lines form, and ANSI in a repr.
   EXPECT_EQ(render_text({display({{"text/plain", json::array({"line 1\n", "\x1b[1mline 2\x1b[0m"})}})}), "line 1\nline 2");
   // A bundle with none of the text mimes shows nothing.
   EXPECT_EQ(render_text({result({{"application/json", {{"a", 1}}}})}), "");
+}
+
+TEST(RenderText, DefaultRepr) {
+  for (const char* yes : {"<IPython.core.display.HTML object>", "<object object at 0x7f5e3c2b1a90>", "<a_b.C object>\n",
+                          " <mod.Klass object at 0xDEADbeef> "})
+    EXPECT_TRUE(is_default_repr(yes)) << yes;
+  for (const char* no : {"<Figure size 640x480 with 1 Axes>", "<PIL.Image.Image image mode=RGB size=4x4>", "'hello'",
+                         "<object object at 0x7f> and more", "<function f at 0x7f00>", "", "<1x object>"})
+    EXPECT_FALSE(is_default_repr(no)) << no;
 }
 
 TEST(RenderText, ErrorsAreCapped) {
@@ -306,6 +351,28 @@ TEST(RenderText, CapKeepsHeadAndTailAndCountsTheCut) {
   // At the cap exactly: untouched.
   opts.max_text = 50000;
   EXPECT_EQ(render_text({stream("stdout", text)}, opts), text);
+}
+
+TEST(RenderText, CapSharesTheBudgetLargestFirst) {
+  // Three texts over the cap: the short ones are whole, the long one is cut in its middle, and
+  // the whole (tags included) is within the cap.
+  std::string big;
+  for (int i = 0; big.size() < 30000; ++i) big += std::to_string(i % 10);
+  std::string mid(3000, 'm');
+  RenderOptions opts;
+  opts.max_text = 10000;
+  const std::string out = render_text({stream("stdout", "short\n"), stream("stderr", big), display({{"text/plain", mid}})}, opts);
+  EXPECT_LE(utf8_chars(out), opts.max_text);
+  EXPECT_TRUE(out.starts_with("<stdout>\nshort\n</stdout>\n<stderr>\n" + big.substr(0, 1000))) << out.substr(0, 200);
+  EXPECT_NE(out.find(" chars cut here: "), std::string::npos);
+  EXPECT_TRUE(out.ends_with("</stderr>\n<display_data>\n" + mid + "\n</display_data>"));
+  EXPECT_GT(utf8_chars(out), opts.max_text - 300);  // the budget is used, not wasted
+  // Two long texts get about half each.
+  const std::string two = render_text({stream("stdout", big), stream("stderr", big)}, opts);
+  EXPECT_LE(utf8_chars(two), opts.max_text);
+  const auto err = two.find("<stderr>");
+  ASSERT_NE(err, std::string::npos);
+  EXPECT_NEAR(double(err), double(two.size() - err), 200.0);  // the second gets what the first left
 }
 
 TEST(RenderText, CapSnapsToLinesAndCountsCharacters) {
@@ -385,9 +452,8 @@ TEST(RenderContent, SmallImagePassesThroughByteIdentical) {
   const std::string png = make_png(64, 48);
   const std::string b64 = base64_encode(png);
   json content = render_content({display({{"image/png", b64}})});
-  ASSERT_EQ(content.size(), 3u);
+  ASSERT_EQ(content.size(), 2u);  // no empty text block after the image
   EXPECT_EQ(content[1]["data"], b64);
-  EXPECT_EQ(content[2]["text"], "");
   // Line-wrapped base64 comes back unwrapped, the same bytes.
   content = render_content({display({{"image/png", wrapped(b64)}})});
   EXPECT_EQ(content[1]["data"], b64);
@@ -444,7 +510,10 @@ TEST(RenderContent, BrokenImagesBecomeNotes) {
   EXPECT_TRUE(images_of(content).empty());
   ASSERT_EQ(content.size(), 1u);
   const std::string text = content[0]["text"];
-  EXPECT_TRUE(text.starts_with("<display_data>\n<Figure 1>\n</display_data>\n<stdout>\nplotting\n</stdout>\n")) << text;
+  // Each note in the place of its image.
+  EXPECT_TRUE(text.starts_with("<stdout>\nplotting\n</stdout>\n<media-unavailable mime=\"image/png\": the image data is "
+                               "not valid base64>\n<display_data>\n<Figure 1>\n</display_data>\n<media-unavailable"))
+      << text;
   EXPECT_NE(text.find("<media-unavailable mime=\"image/png\": the image data is not valid base64>"), std::string::npos) << text;
   EXPECT_NE(text.find("<media-unavailable mime=\"image/png\": the data is not a readable image ("), std::string::npos) << text;
   EXPECT_NE(text.find("<media-unavailable mime=\"image/jpeg\": "), std::string::npos) << text;
@@ -452,7 +521,8 @@ TEST(RenderContent, BrokenImagesBecomeNotes) {
   // One good image beside a broken one still comes through.
   const json mixed = render_content({display({{"image/png", "%%%"}}), display({{"image/png", base64_encode(png)}})});
   EXPECT_EQ(images_of(mixed).size(), 1u);
-  EXPECT_TRUE(mixed.back()["text"].get<std::string>().starts_with("<media-unavailable mime=\"image/png\""));
+  EXPECT_TRUE(mixed.front()["text"].get<std::string>().starts_with("<media-unavailable mime=\"image/png\""));
+  EXPECT_EQ(mixed.back()["type"], "image");
 }
 
 TEST(RenderContent, HugeDimensionsAreRefusedBeforeDecoding) {
@@ -468,8 +538,7 @@ TEST(RenderContent, HugeDimensionsAreRefusedBeforeDecoding) {
 
 TEST(RenderContent, ImageCountIsCapped) {
   std::vector<CellOutput> outs;
-  const std::string b64 = base64_encode(make_png(16, 16));
-  for (int i = 0; i < 5; ++i) outs.push_back(display({{"image/png", b64}}));
+  for (int i = 0; i < 5; ++i) outs.push_back(display({{"image/png", base64_encode(make_png(16 + i, 16))}}));
   RenderOptions opts;
   opts.max_images = 3;
   const json content = render_content(outs, opts);
@@ -477,6 +546,164 @@ TEST(RenderContent, ImageCountIsCapped) {
   EXPECT_EQ(content.back()["text"],
             "<media-unavailable mime=\"image/png\": over the limit of 3 images in one reply>\n"
             "<media-unavailable mime=\"image/png\": over the limit of 3 images in one reply>");
+}
+
+TEST(RenderContent, ImagesComeInPlaceAmongTheText) {
+  const std::string a = base64_encode(make_png(40, 30)), b = base64_encode(make_png(30, 40));
+  const json content = render_content({stream("stdout", "before\n"), display({{"image/png", a}, {"text/plain", "<Figure A>"}}),
+                                       stream("stderr", "between\n"), display({{"image/png", b}}), stream("stdout", "after\n")});
+  ASSERT_EQ(content.size(), 5u) << content.dump();
+  const std::string tag_a = "<media id=\"" + sha256_hex8(*base64_decode(a)) + "\" type=\"output\" mime=\"image/png\">";
+  const std::string tag_b = "<media id=\"" + sha256_hex8(*base64_decode(b)) + "\" type=\"output\" mime=\"image/png\">";
+  EXPECT_EQ(content[0], json({{"type", "text"}, {"text", "<stdout>\nbefore\n</stdout>\n" + tag_a}}));
+  EXPECT_EQ(content[1]["data"], a);
+  EXPECT_EQ(content[2], json({{"type", "text"},
+                              {"text", "<display_data>\n<Figure A>\n</display_data>\n<stderr>\nbetween\n</stderr>\n" + tag_b}}));
+  EXPECT_EQ(content[3]["data"], b);
+  EXPECT_EQ(content[4], json({{"type", "text"}, {"text", "<stdout>\nafter\n</stdout>"}}));
+}
+
+TEST(RenderContent, NoTextBlockIsEmpty) {
+  const std::string png = base64_encode(make_png(20, 20));
+  auto no_empty = [](const json& content) {
+    for (const auto& b : content) {
+      if (b["type"] == "text") {
+        EXPECT_FALSE(b["text"].get<std::string>().empty()) << content.dump();
+      }
+    }
+  };
+  // An image and nothing after it: the image is the last block.
+  json content = render_content({stream("stdout", "plot:\n"), display({{"image/png", png}, {"text/plain", "<IPython.core.display.Image object>"}})});
+  no_empty(content);
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content.back()["type"], "image");
+  EXPECT_EQ(render_content({display({{"image/png", png}}), stream("stdout", "\n \n")}).size(), 2u);
+  // No output at all: no block.
+  EXPECT_TRUE(render_content({}).empty());
+  EXPECT_TRUE(render_content({stream("stdout", ""), display({{"application/json", {{"a", 1}}}})}).empty());
+  // Several images back to back: each with its tag, nothing empty between them.
+  content = render_content({display({{"image/png", png}}), display({{"image/png", base64_encode(make_png(21, 20))}})});
+  no_empty(content);
+  EXPECT_EQ(content.size(), 4u);
+}
+
+TEST(RenderContent, TheSameImageTwiceIsSentOnce) {
+  // A figure as the cell's last expression: its execute_result, then the inline backend's
+  // display_data of the same PNG (here wrapped differently).
+  const std::string png = base64_encode(make_png(50, 40));
+  const json content = render_content({result({{"image/png", png}, {"text/plain", "<Figure size 200x200 with 1 Axes>"}}),
+                                       display({{"image/png", wrapped(png)}, {"text/plain", "<Figure size 200x200 with 1 Axes>"}})});
+  ASSERT_EQ(images_of(content).size(), 1u);
+  ASSERT_EQ(content.size(), 3u);
+  EXPECT_EQ(content[2]["text"], "<Figure size 200x200 with 1 Axes>");
+  // The same image under another text: the image once, both texts.
+  const json two = render_content({display({{"image/png", png}, {"text/plain", "first"}}), stream("stdout", "x\n"),
+                                   display({{"image/png", png}, {"text/plain", "second"}})});
+  EXPECT_EQ(images_of(two).size(), 1u);
+  EXPECT_EQ(two.back()["text"],
+            "<display_data>\nfirst\n</display_data>\n<stdout>\nx\n</stdout>\n<display_data>\nsecond\n</display_data>");
+  // The copy does not count against max_images.
+  RenderOptions opts;
+  opts.max_images = 1;
+  EXPECT_EQ(images_of(render_content({display({{"image/png", png}}), display({{"image/png", png}})}, opts)).size(), 1u);
+  EXPECT_EQ(render_content({display({{"image/png", png}}), display({{"image/png", png}})}, opts).size(), 2u);
+}
+
+// --- HTML as text ------------------------------------------------------------------------
+
+TEST(HtmlToText, ReadableText) {
+  EXPECT_EQ(html_to_text("<b>x</b>"), "x");
+  EXPECT_EQ(html_to_text("&lt;tag&gt; &amp; caf&eacute; &#x2713; &#39;q&#39;"), "<tag> & café ✓ 'q'");
+  EXPECT_EQ(html_to_text("<p>one</p><p>two <i>words</i></p>"), "one\n\ntwo words");
+  EXPECT_EQ(html_to_text("a\n   b\t\tc<br>d<br/>e"), "a b c\nd\ne");
+  EXPECT_EQ(html_to_text("<h2>Title</h2>text<div>block</div>after"), "Title\n\ntext\nblock\nafter");
+  EXPECT_EQ(html_to_text("<ul><li>a</li><li>b<ol><li>c</li><li>d</li></ol></li></ul>"), "- a\n- b\n  1. c\n  2. d");
+  EXPECT_EQ(html_to_text("<table><thead><tr><th>col</th><th>n</th></tr></thead>"
+                         "<tbody><tr><td>a</td><td>1</td></tr><tr><td>b</td><td>2</td></tr></tbody></table>"),
+            "col | n\na | 1\nb | 2");
+  EXPECT_EQ(html_to_text("<pre>  keep\n    this</pre>"), "  keep\n    this");
+  EXPECT_EQ(html_to_text("<style>p{color:red}</style><script>alert(1)</script><!-- c -->shown"), "shown");
+  EXPECT_EQ(html_to_text("<img src=x.png alt=\"a plot\"> <img src=y.png>"), "[a plot]");
+  EXPECT_EQ(html_to_text("<html><head><title>t</title></head><body><p>body</p></body></html>"), "body");
+  EXPECT_EQ(html_to_text(""), "");
+  EXPECT_EQ(html_to_text("   "), "");
+  // Broken HTML is recovered from.
+  EXPECT_EQ(html_to_text("<div><b>unclosed <i>tags</div> end"), "unclosed tags\nend");
+  EXPECT_EQ(html_to_text("a < b > c"), "a < b > c");
+}
+
+TEST(HtmlToText, AlwaysValidUtf8) {
+  // Invalid bytes, and a document claiming another charset: the text stays UTF-8.
+  const std::string bad = html_to_text("<p>caf\xe9 \xff\xfe ok</p>");
+  EXPECT_TRUE(is_valid_utf8(bad));
+  EXPECT_NE(bad.find("ok"), std::string::npos);
+  const std::string latin = html_to_text("<meta charset=\"iso-8859-1\"><p>café</p>");
+  EXPECT_TRUE(is_valid_utf8(latin));
+  EXPECT_NE(latin.find("caf"), std::string::npos);
+  // Huge HTML: the head is read and the rest said.
+  std::string huge;
+  while (huge.size() < (std::size_t(3) << 20)) huge += "<p>row é</p>";
+  const std::string text = html_to_text(huge);
+  EXPECT_TRUE(text.starts_with("row é\n\nrow é"));
+  EXPECT_NE(text.find(" more bytes of HTML not shown …]"), std::string::npos);
+  EXPECT_TRUE(is_valid_utf8(text));
+}
+
+// --- UTF-8 -------------------------------------------------------------------------------
+
+TEST(Utf8, EscapeBeforeAMultiByteCharacter) {
+  // ESC directly before a multi-byte character: the character is kept whole.
+  EXPECT_EQ(clean_stream("\x1b\u00e9 bad"), "\u00e9 bad");
+  EXPECT_EQ(render_text({error_out("ValueError", "\x1b\u00e9 bad", {"\x1b[31mValueError\x1b[0m: \x1b\u00e9 bad"})}),
+            "ValueError: \u00e9 bad");
+  EXPECT_EQ(clean_stream("\x1b(\xc3"), "\xEF\xBF\xBD");  // and a truncated one is U+FFFD
+}
+
+// Every text the renderer emits is valid UTF-8, whatever bytes the kernel sent: random bytes,
+// escape sequences and truncated multi-byte characters in every field it reads.
+TEST(Utf8, PropertyEveryTextEmittedIsValid) {
+  std::srand(16);
+  const std::vector<std::string> parts = {"\x1b", "\x1b[", "\x1b[31m", "\x1b]0;t", "\x1b(", "\x1b[?1049h", "\x1b[?1049l",
+                                          "é", "\xc3", "\xe2\x82", "\xf0\x9f\x98", "\xff", "\x80", "\r", "\b", "\n", "a",
+                                          "<b>", "</b>", "&amp;", "&#xD800;", "\xed\xa0\x80", "\xc0\x80", "ж", "😀"};
+  auto random_text = [&] {
+    std::string s;
+    const int n = std::rand() % 24;
+    for (int i = 0; i < n; ++i) {
+      if (std::rand() % 3 == 0) s.push_back(static_cast<char>(std::rand() % 256));
+      else s += parts[std::size_t(std::rand()) % parts.size()];
+    }
+    return s;
+  };
+  auto valid = [](const std::string& s) { return is_valid_utf8(s); };
+  for (int round = 0; round < 400; ++round) {
+    std::vector<CellOutput> outs;
+    const int n = 1 + std::rand() % 5;
+    for (int i = 0; i < n; ++i) {
+      switch (std::rand() % 5) {
+        case 0: {
+          const int which = std::rand() % 3;
+          outs.push_back(stream(which == 0 ? "stdout" : which == 1 ? "stderr" : random_text(), random_text()));
+          break;
+        }
+        case 1: outs.push_back(result({{"text/plain", random_text()}})); break;
+        case 2: outs.push_back(display({{"text/plain", "<IPython.core.display.HTML object>"}, {"text/html", random_text()}})); break;
+        case 3: outs.push_back(display({{"text/markdown", random_text()}})); break;
+        default: outs.push_back(error_out(random_text(), random_text(), {random_text(), random_text()})); break;
+      }
+    }
+    RenderOptions opts;
+    opts.max_text = std::rand() % 2 ? 40000 : 60 + std::size_t(std::rand() % 200);
+    opts.traceback_line = 5;
+    const std::string text = render_text(outs, opts);
+    ASSERT_TRUE(valid(text)) << round;
+    const json content = render_content(outs, opts);
+    ASSERT_NO_THROW((void)content.dump()) << round;  // strict: throws on invalid UTF-8
+    for (const auto& o : outs) {
+      ASSERT_TRUE(valid(clean_stream(o.text))) << round;
+      ASSERT_TRUE(valid(cap_traceback(o.traceback, 5))) << round;
+    }
+  }
 }
 
 // --- base64 ------------------------------------------------------------------------------
@@ -556,7 +783,8 @@ TEST(Outputs, FromRealJobRecords) {
   json rec = json::parse(job_json(ok, true, now).dump());
   auto outs = outputs_from_record(rec);
   ASSERT_EQ(outs.size(), 2u);
-  EXPECT_EQ(render_text(outs), "<stdout>\nstep 2\n</stdout>\n<execute_result>\n42\n</execute_result>");
+  // The record keeps stdout and stderr as one text: it is not called stdout.
+  EXPECT_EQ(render_text(outs), "<output>\nstep 2\n</output>\n<execute_result>\n42\n</execute_result>");
 
   Job bad;
   bad.n = 4;
@@ -571,7 +799,8 @@ TEST(Outputs, FromRealJobRecords) {
   outs = outputs_from_record(rec);
   ASSERT_EQ(outs.size(), 2u);
   EXPECT_EQ(outs[1].kind, CellOutput::Kind::error);
-  EXPECT_EQ(render_text(outs), "<stdout>\n[11 earlier bytes of output were cut]\nbcdefghijklmnop\n</stdout>\n<error>\n" +
+  EXPECT_EQ(outs[0].cut, 11u);
+  EXPECT_EQ(render_text(outs), "<output>\n[11 earlier bytes of output were cut]\nbcdefghijklmnop\n</output>\n<error>\n" +
                                    std::string(75, '-') + "\nCell In[2], line 1\n----> 1 1/0\n\nZeroDivisionError: division by zero\n</error>");
 
   Job lost;
@@ -581,7 +810,7 @@ TEST(Outputs, FromRealJobRecords) {
   rec = json::parse(job_json(lost, true, now).dump());
   outs = outputs_from_record(rec);
   ASSERT_EQ(outs.size(), 1u);
-  EXPECT_EQ(outs[0].name, "stderr");
+  EXPECT_EQ(outs[0].name, "note");
   EXPECT_EQ(render_text(outs), "The kernel stopped before this job finished (it died).");
 
   // A summary (no output fields) or garbage gives nothing.
