@@ -2,6 +2,7 @@
 // and the observe page.
 #include "jobs_api.hpp"
 
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -160,10 +161,12 @@ http::status refusal_status(Refusal r) {
   }
 }
 
+json claim_json(const std::optional<ClaimView>& c);
+
 json refusal_extra(const Outcome& o) {
   json j = {{"refusal", refusal_name(o.refusal)},
             {"running_job", o.running_job.empty() ? json(nullptr) : json(o.running_job)}};
-  if (o.holder) j["holder"] = {{"agent", o.holder->agent}, {"label", o.holder->label}};
+  if (o.holder) j["holder"] = claim_json(o.holder);
   return j;
 }
 
@@ -176,9 +179,15 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// A claim as the listing and the refusals show it: both from JobStore's one liveness check.
 json claim_json(const std::optional<ClaimView>& c) {
   if (!c) return nullptr;
-  return {{"agent", c->agent}, {"label", c->label}, {"alive", c->alive}};
+  auto secs = [](double s) { return std::round(s * 1000) / 1000; };
+  return {{"agent", c->agent},
+          {"label", c->label},
+          {"alive", c->alive},
+          {"connected", c->connected},
+          {"lapses_in_seconds", c->alive && !c->connected ? json(secs(c->lapses_in)) : json(nullptr)}};
 }
 
 json kernel_ext_json(Server& server, const KernelPtr& k) {

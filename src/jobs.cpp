@@ -664,21 +664,41 @@ void JobStore::notify() {
 // ---------------------------------------------------------------------------------------
 // JobStore: the agent path
 
-bool JobStore::alive_locked(const std::string& agent, Clock::time_point now) const {
-  auto it = agents_.find(agent);
-  if (it == agents_.end()) return false;
+ClaimView JobStore::claim_view_locked(const AgentRef& ref, Clock::time_point now) const {
+  ClaimView v{ref.agent, ref.label};
+  auto it = agents_.find(ref.agent);
+  if (it == agents_.end()) return v;
   const Agent& a = it->second;
-  if (a.connections > 0) return true;
-  if (a.exited) return false;
-  return now - a.last_seen < limits_.claim_grace;
+  v.ever_connected = a.ever_connected;
+  v.connected = a.connections > 0;
+  if (v.connected) {
+    v.alive = true;
+    return v;
+  }
+  auto idle = now - a.last_seen;
+  v.idle_seconds = std::chrono::duration<double>(idle).count();
+  v.alive = !a.exited && idle < limits_.claim_grace;
+  if (v.alive) v.lapses_in = std::chrono::duration<double>(limits_.claim_grace - idle).count();
+  return v;
 }
 
-ClaimView JobStore::claim_view_locked(const AgentRef& a, Clock::time_point now) const {
-  return ClaimView{a.agent, a.label, alive_locked(a.agent, now)};
+bool JobStore::alive_locked(const std::string& agent, Clock::time_point now) const {
+  return claim_view_locked(AgentRef{agent, ""}, now).alive;
 }
 
 static std::string holder_text(const ClaimView& h) {
   return h.label.empty() ? "agent " + h.agent : h.label + " (agent " + h.agent + ")";
+}
+
+// Why a live holder still counts, in words: connected, or within its grace (with when it lapses).
+static std::string seconds_text(double s) {
+  long n = std::max(1L, std::lround(std::ceil(s)));
+  return std::to_string(n) + (n == 1 ? " second" : " seconds");
+}
+static std::string grace_text(const ClaimView& h) {
+  return std::string(h.ever_connected ? "its connection to kgate dropped " : "it has no connection to kgate and made its last request ") +
+         seconds_text(h.idle_seconds) + " ago; its claim lapses in " + seconds_text(h.lapses_in) +
+         " unless it comes back";
 }
 
 Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
@@ -701,9 +721,14 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
     if (pk.claim && pk.claim->agent != agent.agent && alive_locked(pk.claim->agent, now)) {
       out.refusal = Refusal::claimed;
       out.holder = claim_view_locked(*pk.claim, now);
-      out.message = "This kernel is in use by another agent, " + holder_text(*out.holder) +
-                    ", and only one agent runs code in a kernel. It cannot be taken over while that "
-                    "agent is alive; the person at the machine can restart it from the observe page.";
+      out.message = out.holder->connected
+                        ? "This kernel is in use by another agent, " + holder_text(*out.holder) +
+                              ", and only one agent runs code in a kernel. It cannot be taken over while "
+                              "that agent is connected; the person at the machine can restart it from the "
+                              "observe page."
+                        : "This kernel is held by another agent, " + holder_text(*out.holder) + ": " +
+                              grace_text(*out.holder) + ". Retry after that: the next execute then takes "
+                              "the kernel over.";
       return out;
     }
     if (Job* r = running_locked(kernel)) {
@@ -711,7 +736,7 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
       out.running_job = r->id();
       bool own = r->origin != JobOrigin::user && r->agent == agent.agent;
       out.message = own ? r->id() + " (yours) is still running on this kernel; wait for it or stop it "
-                              "before starting another"
+                              "before starting another."
                         : "The " + std::string(r->origin == JobOrigin::user ? "user" : "other agent") +
                               " is running a cell (" + r->id() + ") in this kernel. Only one job runs "
                               "at a time and the agent does not queue: wait for it to end.";
@@ -768,7 +793,7 @@ Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
     Job* j = find_locked(id);
     if (!j) {
       out.refusal = Refusal::no_such_job;
-      out.message = "No such job '" + id + "'";
+      out.message = "No such job '" + id + "'.";
       return out;
     }
     Job* now_running = running_locked(j->kernel);
@@ -786,6 +811,7 @@ Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
         out.refusal = Refusal::not_owner;
         out.holder = claim_view_locked(*pk.claim, now);
         out.message = "This kernel is held by another agent, " + holder_text(*out.holder) +
+                      (out.holder->connected ? "" : " (" + grace_text(*out.holder) + ")") +
                       "; only its holder (or the person at the machine) may stop its jobs.";
         return out;
       }
@@ -805,7 +831,7 @@ Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
     }
     if (!interrupt()) {
       out.refusal = Refusal::no_process;
-      out.message = "The kernel process of " + id + " is not running";
+      out.message = "The kernel process of " + id + " is not running.";
       return out;
     }
     if (!agent) j->stop_note = "Stopped by the person at the machine.";
@@ -829,6 +855,7 @@ Outcome JobStore::restart_gate(const std::string& kernel, const AgentRef* agent)
         out.refusal = Refusal::not_owner;
         out.holder = claim_view_locked(*pk.claim, now);
         out.message = "This kernel is held by another agent, " + holder_text(*out.holder) +
+                      (out.holder->connected ? "" : " (" + grace_text(*out.holder) + ")") +
                       "; only its holder may restart it. Restarting it is the user's to do, from the "
                       "observe page.";
         return out;
@@ -848,6 +875,7 @@ void JobStore::agent_connected(const AgentRef& agent) {
   auto& a = agents_[agent.agent];
   ++a.connections;
   a.exited = false;
+  a.ever_connected = true;
   a.last_seen = Clock::now();
   if (!agent.label.empty()) a.label = agent.label;
 }
@@ -968,7 +996,7 @@ AckResult JobStore::ack(const std::string& kernel, const AgentRef& agent, const 
       r.outcome.refusal = Refusal::not_owner;
       r.outcome.holder = claim_view_locked(*pk.claim, now);
       r.outcome.message = "Only the kernel's holder, " + holder_text(*r.outcome.holder) +
-                          ", may acknowledge its digest";
+                          ", may acknowledge its digest.";
       return r;
     }
     for (auto& id : ids) {

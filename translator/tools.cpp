@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -24,9 +25,9 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr double kDefaultTimeout = 30;    // execute: seconds before a cell becomes a job to poll
-constexpr double kMaxTimeout = 3600;
+constexpr int kMaxTimeout = 3600;       // also the inputSchema's maximum
 constexpr double kDefaultPollWait = 10;   // poll_job: a ceiling, not a delay
-constexpr double kMaxPollWait = 30;
+constexpr int kMaxPollWait = 30;
 constexpr double kSlice = 1.0;            // waits are sliced so cancellation and progress are prompt
 constexpr auto kCreateTimeout = 120s;
 constexpr double kSetupTimeout = 120;
@@ -48,19 +49,27 @@ std::string str_arg(const json& args, const char* key, const std::string& fallba
   return it->get<std::string>();
 }
 
-double num_arg(const json& args, const char* key, double fallback, double lo, double hi) {
+// Types and bounds were checked against the tool's inputSchema before the call (check_arguments).
+double num_arg(const json& args, const char* key, double fallback) {
   auto it = args.find(key);
-  if (it == args.end() || it->is_null()) return fallback;
-  if (!it->is_number()) throw InvalidParams(std::string("'") + key + "' must be a number of seconds");
-  double v = it->get<double>();
-  if (!(v >= lo && v <= hi))
-    throw InvalidParams(std::string("'") + key + "' must be between " + std::to_string(int(lo)) + " and " +
-                        std::to_string(int(hi)) + " seconds");
-  return v;
+  if (it == args.end() || !it->is_number()) return fallback;
+  return it->get<double>();
 }
 
 std::string status_of(const json& job) { return job.value("status", ""); }
 bool running(const json& job) { return status_of(job) == "running"; }
+// The cell did not complete: it raised (an error, KeyboardInterrupt), or it never ran to its end.
+bool failed(const json& job) {
+  static const std::set<std::string> kFailed = {"error", "interrupted", "aborted", "kernel_lost", "culled"};
+  return job.is_object() && kFailed.count(status_of(job)) > 0;
+}
+
+// A message from the gateway as a sentence of its own, so that a hint can follow it.
+std::string sentence(std::string s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\n')) s.pop_back();
+  if (!s.empty() && std::string_view(".!?:)]").find(s.back()) == std::string_view::npos) s += '.';
+  return s;
+}
 
 std::string fmt_seconds(double s) {
   std::ostringstream ss;
@@ -250,7 +259,7 @@ Translator::Translator(Config cfg)
 }
 
 Translator::~Translator() {
-  agent_link_.stop();
+  drop_links();
   channel_.close();
 }
 
@@ -270,14 +279,22 @@ json Translator::tool_list() const {
        {"description", kExecuteDesc},
        {"inputSchema",
         obj({{"code", {{"type", "string"}, {"description", "Python code to run."}}},
-             {"timeout", {{"type", "number"}, {"description", "Seconds to wait before returning a job id (default 30, at most 3600)."}}},
+             {"timeout",
+              {{"type", "number"},
+               {"minimum", 0},
+               {"maximum", kMaxTimeout},
+               {"description", "Seconds to wait before returning a job id (default 30, at most 3600)."}}},
              {"kernel", kernel_prop()}},
             {"code"})}},
       {{"name", "poll_job"},
        {"description", kPollDesc},
        {"inputSchema",
         obj({{"job", {{"type", "string"}, {"description", "The job id, job-N."}}},
-             {"wait", {{"type", "number"}, {"description", "Seconds to wait at most for it to end (default 10, at most 30)."}}}},
+             {"wait",
+              {{"type", "number"},
+               {"minimum", 0},
+               {"maximum", kMaxPollWait},
+               {"description", "Seconds to wait at most for it to end (default 10, at most 30)."}}}},
             {"job"})}},
       {{"name", "list_kernels"}, {"description", kListDesc}, {"inputSchema", obj({{"host", host}})}},
       {{"name", "stop_kernel"}, {"description", kStopDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
@@ -340,7 +357,37 @@ void Translator::shutdown() {
       spdlog::warn("could not stop the auto kernel {}: {}", cur->kernel, r.message());
   }
   channel_.close();
-  agent_link_.stop();
+  drop_links();  // closed with 1000: kgate frees this agent's claims at once
+}
+
+void Translator::hold_link(const Endpoint& ep) {
+  // How long the first call on a gateway waits for its link. Until it is up, a claim this call
+  // takes would outlive the process by claim_grace, since the exit's close frame cannot be sent.
+  constexpr auto kFirstConnect = 3s;
+  std::shared_ptr<AgentLink> link;
+  std::chrono::steady_clock::time_point started;
+  {
+    std::lock_guard lk(links_mu_);
+    auto& l = links_[ep.url];
+    if (!l.link) {
+      l.link = std::make_shared<AgentLink>();
+      l.link->start(ep, agent_, label());
+      l.started = std::chrono::steady_clock::now();
+    }
+    link = l.link;
+    started = l.started;
+  }
+  while (!link->connected() && std::chrono::steady_clock::now() < started + kFirstConnect)
+    std::this_thread::sleep_for(10ms);
+}
+
+void Translator::drop_links() {
+  std::map<std::string, Link> links;
+  {
+    std::lock_guard lk(links_mu_);
+    links.swap(links_);
+  }
+  for (auto& [url, l] : links) l.link->stop();
 }
 
 std::optional<Translator::Current> Translator::current() {
@@ -365,14 +412,11 @@ std::shared_ptr<HttpClient> Translator::client(const Endpoint& ep) {
 }
 
 void Translator::make_current(Current cur) {
-  bool same_gateway;
   {
     std::lock_guard lk(mu_);
-    same_gateway = current_ && current_->ep.url == cur.ep.url;
     current_ = cur;
   }
-  if (cur.kgate && (!same_gateway || !agent_link_.connected())) agent_link_.start(cur.ep, agent_, label());
-  if (!cur.kgate) agent_link_.stop();
+  if (cur.kgate) hold_link(cur.ep);
   std::string err;
   if (!channel_.open(cur.ep, cur.kernel, agent_, 10s, err))
     spdlog::warn("kernel {}: {} (images will be missing)", cur.kernel, err);
@@ -410,8 +454,17 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
   Current t;
   t.ep = ep;
   t.kernel = matches[0];
-  t.kgate = cur ? cur->kgate : true;
+  if (cur) {
+    t.kgate = cur->kgate;
+  } else {
+    auto api = http->get("api", 10s);
+    json apij = api.json_body();
+    t.kgate = api.status != 200 || (apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate"));
+  }
   if (cur && cur->kernel == t.kernel) t = *cur;
+  // Acting on a kernel by id, without connect, is acting as this agent all the same: its claim
+  // must end with this process, so the link is held from here on.
+  if (t.kgate) hold_link(ep);
   return Target{t, http};
 }
 
@@ -469,9 +522,9 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     if (why == "dead")
       refusal = "NOTE: the kernel process died (" + rec.value("message", "") + "). restart it, or connect to another.";
     else if (why == "busy" && rec["running_job"].is_string())
-      refusal += " Wait for it with poll_job('" + rec["running_job"].get<std::string>() + "').";
-    else if (why == "claimed")
-      refusal += " Tell the user what you wanted to do and let them decide.";
+      refusal = sentence(refusal) + " Wait for it with poll_job('" + rec["running_job"].get<std::string>() + "').";
+    else if (why == "claimed" && rec["holder"].is_object() && rec["holder"].value("connected", true))
+      refusal = sentence(refusal) + " Tell the user what you wanted to do and let them decide.";
     return rec;
   }
   job = rec.value("job", "");
@@ -652,7 +705,7 @@ ToolReply Translator::connect(Call& c) {
   std::string prefix = str_arg(c.arguments, "kernel");
   Endpoint ep;
   std::string error;
-  if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error);
+  if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error, true);
   std::lock_guard create(create_mu_);
   std::string note;
   std::optional<Current> old;
@@ -663,20 +716,20 @@ ToolReply Translator::connect(Call& c) {
   auto http = client(ep);
   if (!prefix.empty()) {
     auto api = http->get("api", 10s);
-    if (api.status != 200) return text_reply("cannot reach the gateway at " + ep.url + ": " + api.message());
+    if (api.status != 200) return text_reply("cannot reach the gateway at " + ep.url + ": " + api.message(), true);
     json apij = api.json_body();
     bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
     auto r = http->get("api/kernels");
-    if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message());
+    if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message(), true);
     std::vector<std::string> matches;
     for (auto& k : r.json_body())
       if (k.is_object() && k.value("id", "").rfind(prefix, 0) == 0) matches.push_back(k.value("id", ""));
     if (matches.empty()) {
       std::string ids;
       for (auto& k : r.json_body()) ids += (ids.empty() ? "" : ", ") + short_id(k.value("id", ""));
-      return text_reply("no kernel matching '" + prefix + "' on " + ep.url + (ids.empty() ? " (it has none)" : ": " + ids));
+      return text_reply("no kernel matching '" + prefix + "' on " + ep.url + (ids.empty() ? " (it has none)" : ": " + ids), true);
     }
-    if (matches.size() > 1) return text_reply("'" + prefix + "' matches several kernels; give more of the id");
+    if (matches.size() > 1) return text_reply("'" + prefix + "' matches several kernels; give more of the id", true);
     bool keep_auto = old && old->auto_kernel && old->kernel == matches[0];
     if (old && old->auto_kernel && !keep_auto) {
       auto d = client(old->ep)->request("DELETE", "api/kernels/" + old->kernel, nullptr, 15s);
@@ -700,7 +753,7 @@ ToolReply Translator::connect(Call& c) {
   }
   bool fatal = false;
   std::string text = create_kernel(ep, false, error, fatal);
-  if (!error.empty()) return text_reply(error + note, fatal);
+  if (!error.empty()) return text_reply(error + note, true);
   return text_reply(text + note);
 }
 
@@ -708,7 +761,7 @@ ToolReply Translator::execute(Call& c) {
   auto code_it = c.arguments.find("code");
   if (code_it == c.arguments.end() || !code_it->is_string()) throw InvalidParams("'code' (a string) is required");
   std::string code = code_it->get<std::string>();
-  double timeout = num_arg(c.arguments, "timeout", kDefaultTimeout, 0, kMaxTimeout);
+  double timeout = num_arg(c.arguments, "timeout", kDefaultTimeout);
   if (code.find_first_not_of(" \t\r\n") == std::string::npos) return text_reply("(no code: nothing ran)");
   std::string banner;
   std::optional<Target> t;
@@ -722,15 +775,15 @@ ToolReply Translator::execute(Call& c) {
     }
     if (!have && str_arg(c.arguments, "kernel").empty()) {
       Endpoint ep;
-      if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error);
+      if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error, true);
       bool fatal = false;
       banner = create_kernel(ep, true, error, fatal);
-      if (!error.empty()) return text_reply(error, fatal);
+      if (!error.empty()) return text_reply(error, true);
       banner += "\n";
     }
   }
   t = target(c.arguments, error);
-  if (!t) return text_reply(error);
+  if (!t) return text_reply(error, true);
   {
     std::lock_guard lk(calls_mu_);
     call_targets_[&c] = *t;
@@ -750,7 +803,7 @@ ToolReply Translator::execute(Call& c) {
     std::string note = foreign_note(*t, to_ack);
     // A busy refusal already names the running job: the note would repeat it.
     ack(*t, to_ack);
-    return text_reply(banner + refusal + note);
+    return text_reply(banner + refusal + note, true);
   }
   json content = json::array();
   // Every output in order, from the kernel's websocket (records keep no display_data).
@@ -773,25 +826,26 @@ ToolReply Translator::execute(Call& c) {
   ack(*t, to_ack);
   ToolReply r;
   r.content = content;
+  r.is_error = !still && failed(rec);  // the cell raised (or never ran to its end)
   return r;
 }
 
 ToolReply Translator::poll_job(Call& c) {
   std::string job = str_arg(c.arguments, "job");
   if (job.empty()) throw InvalidParams("'job' (job-N) is required");
-  double wait = num_arg(c.arguments, "wait", kDefaultPollWait, 0, kMaxPollWait);
+  double wait = num_arg(c.arguments, "wait", kDefaultPollWait);
   std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (!endpoint_for("", cur, ep, error)) return text_reply(error);
+  if (!endpoint_for("", cur, ep, error)) return text_reply(error, true);
   auto http = client(ep);
   auto start = std::chrono::steady_clock::now();
   json rec;
   while (true) {
     double left = wait - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     auto r = http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
-    if (r.status == 404) return text_reply("No such job '" + job + "'.");
-    if (r.status != 200) return text_reply("cannot read " + job + " from " + ep.url + ": " + r.message());
+    if (r.status == 404) return text_reply("No such job '" + job + "'.", true);
+    if (r.status != 200) return text_reply("cannot read " + job + " from " + ep.url + ": " + r.message(), true);
     rec = r.json_body();
     if (!running(rec) || left <= kSlice || c.cancelled) break;
     if (c.progress) c.progress(wait - left, wait, job + " running");
@@ -822,6 +876,7 @@ ToolReply Translator::poll_job(Call& c) {
   }
   ToolReply r;
   r.content = content;
+  r.is_error = failed(rec);  // the job it reports raised (or never ran to its end)
   return r;
 }
 
@@ -832,10 +887,10 @@ ToolReply Translator::list_kernels(Call& c) {
   std::string error;
   if (!endpoint_for(host, cur, ep, error)) {
     std::string hint = error.rfind("unknown gateway", 0) == 0 ? known_gateways_hint(cfg_) : "";
-    return text_reply(hint.empty() ? error : error + "; " + hint);
+    return text_reply(hint.empty() ? error : error + "; " + hint, true);
   }
   RemoteListing l = list_remote(client(ep));
-  if (!l.listed_anything()) return text_reply(l.error_text());
+  if (!l.listed_anything()) return text_reply(l.error_text(), true);
   RenderMarks marks;
   marks.self_agent = agent_;
   if (cur && cur->ep.url == ep.url) marks.current_kernel = cur->kernel;
@@ -847,20 +902,17 @@ ToolReply Translator::list_kernels(Call& c) {
 ToolReply Translator::stop_kernel(Call& c) {
   std::string error;
   auto t = target(c.arguments, error);
-  if (!t) return text_reply(error);
+  if (!t) return text_reply(error, true);
   auto r = t->http->request("DELETE", "api/kernels/" + t->cur.kernel, nullptr, 15s);
   if (r.status != 204 && r.status != 404)
-    return text_reply("could not stop kernel " + t->cur.kernel + ": " + r.message());
+    return text_reply("could not stop kernel " + t->cur.kernel + ": " + r.message(), true);
   bool was_current;
   {
     std::lock_guard lk(mu_);
     was_current = current_ && current_->kernel == t->cur.kernel;
     if (was_current) current_.reset();
   }
-  if (was_current) {
-    channel_.close();
-    agent_link_.stop();  // the agent connection is held only while there is a current kernel
-  }
+  if (was_current) channel_.close();  // the agent link stays: this agent's other claims live on
   return text_reply((r.status == 404 ? "kernel " + t->cur.kernel + " was already gone" : "stopped kernel " + t->cur.kernel) +
                     (was_current ? " (it was the current kernel: the next execute makes a new one)" : ""));
 }
@@ -868,7 +920,7 @@ ToolReply Translator::stop_kernel(Call& c) {
 ToolReply Translator::restart(Call& c) {
   std::string error;
   auto t = target(c.arguments, error);
-  if (!t) return text_reply(error);
+  if (!t) return text_reply(error, true);
   HttpResult r = t->cur.kgate
                      ? t->http->post("api/kgate/kernels/" + t->cur.kernel + "/restart", json{{"agent", agent_}, {"label", label()}}, 90s)
                      : t->http->post("api/kernels/" + t->cur.kernel + "/restart", json::object(), 90s);
@@ -879,17 +931,17 @@ ToolReply Translator::restart(Call& c) {
       std::lock_guard lk(mu_);
       current = current_ && current_->kernel == t->cur.kernel;
     }
-    if (!current) return text_reply("kernel " + t->cur.kernel + " no longer exists");
+    if (!current) return text_reply("kernel " + t->cur.kernel + " no longer exists", true);
     bool fatal = false;
     std::string text = create_kernel(t->cur.ep, t->cur.auto_kernel, error, fatal);
-    if (!error.empty()) return text_reply("kernel " + t->cur.kernel + " was gone, and a fresh one could not be made: " + error, fatal);
+    if (!error.empty()) return text_reply("kernel " + t->cur.kernel + " was gone, and a fresh one could not be made: " + error, true);
     return text_reply("kernel " + t->cur.kernel + " was gone; " + text +
                       "\nNOTE: this is a fresh interpreter: all earlier state is lost.");
   }
   if (r.status == 0)
-    return text_reply("restart did not complete (" + r.error + "): retry, or connect for a fresh kernel; check the gateway if this persists");
+    return text_reply("restart did not complete (" + r.error + "): retry, or connect for a fresh kernel; check the gateway if this persists", true);
   if (r.status != 200)
-    return text_reply("restart failed (" + r.message() + "); the kernel is still listed: retry, stop it, or connect for a fresh one");
+    return text_reply("restart failed: " + sentence(r.message()) + " The kernel is still listed: retry, stop it, or connect for a fresh one.", true);
   // Restarts keep the websocket's kernel; reopen ours so no stale state lingers.
   std::string err;
   if (channel_.kernel() == t->cur.kernel) channel_.open(t->cur.ep, t->cur.kernel, agent_, 10s, err);
@@ -903,42 +955,86 @@ ToolReply Translator::restart(Call& c) {
                     "still needs." + (out.empty() ? "" : "\n" + out));
 }
 
+json Translator::wait_ended(const Target& t, const std::string& job, std::chrono::milliseconds bound, Call& c) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  json rec;
+  while (true) {
+    double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    auto p = t.http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
+    if (p.status != 200) return rec;
+    rec = p.json_body();
+    if (!running(rec) || left <= 0 || c.cancelled) return rec;
+  }
+}
+
 ToolReply Translator::interrupt(Call& c) {
+  constexpr auto kEndBound = 5s;  // how long the reply waits for the interrupted job to end
   std::string error;
   auto t = target(c.arguments, error);
-  if (!t) return text_reply(error);
+  if (!t) return text_reply(error, true);
   if (!t->cur.kgate) {
     auto r = t->http->post("api/kernels/" + t->cur.kernel + "/interrupt", json::object());
-    return text_reply(r.status == 204 ? "interrupt sent" : "interrupt failed: " + r.message());
+    if (r.status != 204) return text_reply("interrupt failed: " + sentence(r.message()), true);
+    // No records on a stock server: wait for the kernel to be idle again.
+    auto deadline = std::chrono::steady_clock::now() + kEndBound;
+    std::string state;
+    while (true) {
+      auto k = t->http->get("api/kernels/" + t->cur.kernel, 5s);
+      state = k.status == 200 ? k.json_body().value("execution_state", "") : "";
+      if (state != "busy" || std::chrono::steady_clock::now() >= deadline || c.cancelled) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    if (state == "busy")
+      return text_reply("Sent a KeyboardInterrupt, but the kernel is still busy 5 s later (it may be in code that "
+                        "does not check for signals). Wait, or restart the kernel.", true);
+    return text_reply("Interrupted: the kernel is " + (state.empty() ? std::string("no longer busy") : state) +
+                      " again; its state is intact.");
   }
   auto k = t->http->get("api/kgate/kernels/" + t->cur.kernel);
-  if (k.status != 200) return text_reply("cannot read kernel " + t->cur.kernel + ": " + k.message());
+  if (k.status != 200) return text_reply("cannot read kernel " + t->cur.kernel + ": " + k.message(), true);
   json kj = k.json_body();
   if (!kj.contains("running_job") || !kj["running_job"].is_string())
-    return text_reply("nothing is running on kernel " + short_id(t->cur.kernel) + ": there is nothing to interrupt");
+    return text_reply("nothing is running on kernel " + short_id(t->cur.kernel) + ": there is nothing to interrupt", true);
   std::string job = kj["running_job"].get<std::string>();
   auto r = t->http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
-  json rj = r.json_body();
-  if (r.status == 200)
-    return text_reply("Interrupted job " + job + " (a KeyboardInterrupt, at its next bytecode). If it does not stop, use restart.");
-  return text_reply(r.message());
+  if (r.status != 200) return text_reply(sentence(r.message()), true);
+  // The reply waits for the end, so the next execute is not refused by the job it stopped.
+  json rec = wait_ended(*t, job, kEndBound, c);
+  if (!rec.is_object())
+    return text_reply("Sent a KeyboardInterrupt to " + job + ", but cannot read it now: check it with poll_job('" + job + "').", true);
+  if (running(rec))
+    return text_reply(job + " is still running 5 s after the KeyboardInterrupt (it may be in code that does not "
+                      "check for signals, such as a long C call). Wait for it with poll_job('" + job +
+                      "'), or restart the kernel.", true);
+  std::string how = status_of(rec);
+  std::string text = job + " ended " + how + " after " + fmt_seconds(rec.value("elapsed", 0.0)) + " s";
+  if (how == "interrupted")
+    text += " (KeyboardInterrupt). The kernel and its state survive: you can run the next cell.";
+  else if (how == "ok")
+    text += ": it finished before the interrupt took effect. The kernel is free.";
+  else if (how == "error")
+    text += ", raising " + rec.value("ename", std::string("an error")) +
+            (rec.value("evalue", "").empty() ? "" : ": " + rec.value("evalue", "")) + ". The kernel is free.";
+  else
+    text += ". See poll_job('" + job + "').";
+  return text_reply(text);
 }
 
 ToolReply Translator::server_status(Call&) {
   std::optional<Current> cur = current();
   Endpoint ep;
   std::string error;
-  if (!endpoint_for("", cur, ep, error)) return text_reply(error);
+  if (!endpoint_for("", cur, ep, error)) return text_reply(error, true);
   auto http = client(ep);
   std::string out = "gateway: " + ep.url;
   auto api = http->get("api", 5s);
-  if (api.status != 200) return text_reply(out + " (unreachable: " + api.message() + ")");
+  if (api.status != 200) return text_reply(out + " (unreachable: " + api.message() + ")", true);
   json apij = api.json_body();
   out += " (" + apij.value("server", std::string("jupyter")) + " " + apij.value("version", "") + ")";
   if (!cur) return text_reply(out + "\nno current kernel: connect, or execute (which makes an auto kernel)");
   out += "\nkernel: " + cur->kernel + (cur->auto_kernel ? " (auto kernel of this conversation)" : "");
   auto k = http->get((cur->kgate ? "api/kgate/kernels/" : "api/kernels/") + cur->kernel, 5s);
-  if (k.status == 404) return text_reply(out + " — gone (connect to create or attach to another)");
+  if (k.status == 404) return text_reply(out + " — gone (connect to create or attach to another)", true);
   json kj = k.json_body();
   out += "\nstate: " + kj.value("execution_state", "?");
   if (kj.value("responsive", true) == false && kj.value("execution_state", "") != "dead")

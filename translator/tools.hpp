@@ -5,7 +5,9 @@
 // pointer; `create_mu_` makes parallel first calls share one auto kernel.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -69,6 +71,8 @@ class Translator final : public ToolHandler {
   // `direct` gets the outputs on a stock server (which keeps no records).
   json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                 std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct);
+  // After an interrupt: waits up to `bound` for `job` to end; its record, or null if unreadable.
+  json wait_ended(const Target& t, const std::string& job, std::chrono::milliseconds bound, Call& c);
   std::string foreign_note(const Target& t, std::vector<std::string>& to_ack);
   void ack(const Target& t, const std::vector<std::string>& ids);
 
@@ -87,7 +91,17 @@ class Translator final : public ToolHandler {
   std::mutex create_mu_;
   std::mutex clients_mu_;
   std::map<std::string, std::shared_ptr<HttpClient>> clients_;
-  AgentLink agent_link_;
+  // The agent links: one per kgate gateway this conversation acted on (by URL), held from the
+  // first call that acts on one of its kernels until exit, which closes them with 1000. kgate
+  // calls the agent alive exactly while its link is open, so its claims end with the process.
+  struct Link {
+    std::shared_ptr<AgentLink> link;
+    std::chrono::steady_clock::time_point started;
+  };
+  std::mutex links_mu_;
+  std::map<std::string, Link> links_;
+  void hold_link(const Endpoint& ep);  // opens the link (first time: waits briefly for it)
+  void drop_links();
   KernelChannel channel_;
   std::mutex calls_mu_;
   std::map<const Call*, std::string> call_jobs_;  // the job each in-flight execute started

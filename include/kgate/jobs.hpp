@@ -105,9 +105,15 @@ struct AgentRef {
   std::string label;  // shown to others ("Claude Code (conversation 3)")
 };
 
+// A claim's holder, and whether it still counts (JobStore::liveness_locked decides, for the
+// listing and for every refusal alike).
 struct ClaimView {
   std::string agent, label;
-  bool alive = false;
+  bool alive = false;      // the claim gates other agents
+  bool connected = false;  // its agent websocket is open: its process runs
+  bool ever_connected = false;  // it had an agent websocket (else it only made requests)
+  double idle_seconds = 0;      // not connected: since its link dropped, or its last request
+  double lapses_in = 0;         // alive but not connected: seconds until the claim lapses
 };
 
 struct Outcome {
@@ -174,6 +180,9 @@ class JobStore final : public KernelObserver {
   Outcome restart_gate(const std::string& kernel, const AgentRef* agent);
 
   // Agent liveness: the agent websocket opened / closed (clean = it closed with code 1000).
+  // An agent is alive while its websocket is open. One that closed it (code 1000: it exited) is
+  // gone at once. One whose websocket dropped without a close frame, or that never had one, is
+  // alive for claim_grace after that (or after its last request), in case it comes back.
   void agent_connected(const AgentRef& agent);
   void agent_disconnected(const std::string& agent, bool clean);
   void touch_agent(const AgentRef& agent);  // any request that names the agent
@@ -206,6 +215,7 @@ class JobStore final : public KernelObserver {
     std::string label;
     int connections = 0;
     bool exited = false;
+    bool ever_connected = false;
     Clock::time_point last_seen{};
   };
   struct PerKernel {
@@ -219,8 +229,9 @@ class JobStore final : public KernelObserver {
   Job* find_locked(const std::string& id);
   Job* by_request_locked(const std::string& request);
   Job* running_locked(const std::string& kernel);
-  bool alive_locked(const std::string& agent, Clock::time_point now) const;
+  // The one place that decides whether an agent is alive (see agent_connected).
   ClaimView claim_view_locked(const AgentRef& a, Clock::time_point now) const;
+  bool alive_locked(const std::string& agent, Clock::time_point now) const;
   Job& create_locked(const std::string& kernel, JobOrigin origin, std::string request, std::string_view code);
   void end_locked(Job& j, JobStatus status, std::string note = {});
   void close_earlier_locked(const Job& j, Clock::time_point since);

@@ -178,7 +178,8 @@ def test_claim_refuses_second_agent_until_first_exits(kgate, kernel, ws_clients)
     link = AgentLink(kgate, a, "Agent A")
     try:
         agent_run(kgate, kernel, "a_var = 1", a, label="Agent A")
-        assert kgate_kernel(kgate, kernel)["claim"] == {"agent": a, "label": "Agent A", "alive": True}
+        assert kgate_kernel(kgate, kernel)["claim"] == {"agent": a, "label": "Agent A", "alive": True,
+                                                        "connected": True, "lapses_in_seconds": None}
 
         status, body = agent_execute(kgate, kernel, "print('B')", b, label="Agent B")
         assert_refusal(status, body, 409, "claimed")
