@@ -876,7 +876,6 @@ ToolReply Translator::poll_job(Call& c) {
   }
   ToolReply r;
   r.content = content;
-  r.is_error = failed(rec);  // the job it reports raised (or never ran to its end)
   return r;
 }
 
