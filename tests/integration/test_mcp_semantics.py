@@ -12,27 +12,15 @@ and real ipykernels:
 kgate-mcp is $KGATE_MCP_BIN, else the kgate-mcp beside $KGATE_BIN's build tree.
 """
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import wait_until
-from test_mcp_transcript import Mcp, initialize
+from test_mcp_transcript import Mcp, initialize, mcp_bin  # noqa: F401 (mcp_bin: a fixture)
 
 REPLY = 90  # seconds a tool call may take (a kernel start on a busy machine)
-
-
-@pytest.fixture(scope="module")
-def mcp_bin(kgate_bin):
-    binary = os.environ.get("KGATE_MCP_BIN") or str(Path(kgate_bin).resolve().parents[1] / "translator" / "kgate-mcp")
-    binary = os.path.abspath(binary)
-    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        pytest.fail(f"kgate-mcp not found at {binary}: build the kgate-mcp target, or set KGATE_MCP_BIN",
-                    pytrace=False)
-    return binary
 
 
 class Agent:

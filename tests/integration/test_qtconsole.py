@@ -22,12 +22,11 @@ import shlex
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import die_with_parent, wait_until
-from test_mcp_transcript import Mcp, initialize
+from test_mcp_transcript import Mcp, initialize, mcp_bin  # noqa: F401 (mcp_bin: a fixture)
 
 REPLY = 90          # seconds a tool call may take (a busy machine)
 WIDGET_EVENT = 60   # seconds to wait for one answer from the widget process
@@ -105,16 +104,6 @@ def expire():
 QtCore.QTimer.singleShot(int(life * 1000), expire)
 sys.exit(app.exec_())
 '''
-
-
-@pytest.fixture(scope="module")
-def mcp_bin(kgate_bin):
-    binary = os.environ.get("KGATE_MCP_BIN") or str(Path(kgate_bin).resolve().parents[1] / "translator" / "kgate-mcp")
-    binary = os.path.abspath(binary)
-    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        pytest.fail(f"kgate-mcp not found at {binary}: build the kgate-mcp target, or set KGATE_MCP_BIN",
-                    pytrace=False)
-    return binary
 
 
 class Agent:
