@@ -1,6 +1,7 @@
 // The REST surface: /api, /api/status, /api/kernels..., /api/kernelspecs..., /kernelspecs/...
 #include "api.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -596,6 +597,48 @@ std::string query_param(std::string_view query, std::string_view key) {
   return "";
 }
 
+namespace {
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+std::string_view trim_spaces(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+}  // namespace
+
+std::string request_token(std::string_view target, std::string_view authorization) {
+  // 1. The URL's `token` argument, as tornado's get_argument gives it to jupyter_server's
+  //    IdentityProvider.get_token: the last one when repeated, surrounding whitespace stripped.
+  std::string token;
+  if (auto q = target.find('?'); q != std::string_view::npos) {
+    std::string_view query = target.substr(q + 1);
+    std::string key, value;
+    for (std::size_t i = 0; i <= query.size();) {
+      auto amp = std::min(query.find('&', i), query.size());
+      auto pair = query.substr(i, amp - i);
+      auto eq = pair.find('=');
+      if (eq != std::string_view::npos && percent_decode(pair.substr(0, eq), key, true) && key == "token")
+        token = percent_decode(pair.substr(eq + 1), value, true) ? std::string(trim_spaces(value)) : "";
+      i = amp + 1;
+    }
+  }
+  if (!token.empty()) return token;
+  // 2. Only then the Authorization header: `token T` or `bearer T`, the scheme in any case
+  //    (RFC 7235 §2.1), then any run of whitespace: jupyter_server's (token|bearer)\s+(.+).
+  std::string_view auth = trim_spaces(authorization);
+  std::size_t scheme_end = 0;
+  while (scheme_end < auth.size() && !is_space(auth[scheme_end])) ++scheme_end;
+  std::string_view scheme = auth.substr(0, scheme_end);
+  if (scheme_end == auth.size() || !(iequals(scheme, "token") || iequals(scheme, "bearer"))) return "";
+  return std::string(trim_spaces(auth.substr(scheme_end)));
+}
+
 std::optional<Response> check_request(const Server& server, const Request& req, const RequestContext& ctx) {
   const auto& opts = server.options();
   std::string host = host_only(req[http::field::host]);
@@ -629,15 +672,7 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
     }
   }
   if (!opts.token.empty()) {
-    std::string given;
-    std::string auth(req[http::field::authorization]);
-    if (starts_with(auth, "token ")) given = auth.substr(6);
-    else if (starts_with(auth, "Bearer ")) given = auth.substr(7);
-    if (given.empty()) {
-      auto target = req.target();
-      auto q = target.find('?');
-      if (q != std::string_view::npos) given = query_param(target.substr(q + 1), "token");
-    }
+    const std::string given = request_token(req.target(), req[http::field::authorization]);
     if (!constant_time_equal(given, opts.token)) {
       return json_error(req, http::status::unauthorized,
                         given.empty() ? "A token is required: send 'Authorization: token <token>' or ?token=<token>"

@@ -84,5 +84,10 @@ bool valid_utf8(std::string_view s) noexcept;
 bool split_target(std::string_view target, std::string& path, std::string& query);
 // The value of `key` in a query string ("" if absent).
 std::string query_param(std::string_view query, std::string_view key);
+// The token a request presents, "" for none, read in jupyter_server's order for every route
+// (REST, websockets, the observe page, the agent socket): the target's `token` argument first
+// (the last one when repeated, whitespace stripped); only when it is absent or empty, an
+// `Authorization` header `token T` or `bearer T`, the scheme in any case, then any whitespace.
+std::string request_token(std::string_view target, std::string_view authorization);
 
 }  // namespace kgate::gw

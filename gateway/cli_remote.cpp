@@ -3,25 +3,25 @@
 
 #include <iostream>
 
-#include "remote.hpp"
+#include "kgate/client/listing.hpp"
 
 namespace kgate::gw {
 
-int print_remote_kernels(const kgate::mcp::Config& cfg, const std::string& host, bool json) {
-  kgate::mcp::Endpoint ep;
+int print_remote_kernels(const kgate::client::Config& cfg, const std::string& host, bool json) {
+  kgate::client::Endpoint ep;
   std::string error;
-  if (!kgate::mcp::resolve_gateway(cfg, host, ep, error)) {
+  if (!kgate::client::resolve_gateway(cfg, host, ep, error)) {
     std::cerr << "kgate: " << error << "\n";
     if (error.rfind("unknown gateway", 0) == 0) {
-      std::string hint = kgate::mcp::known_gateways_hint(cfg);
+      std::string hint = kgate::client::known_gateways_hint(cfg);
       if (!hint.empty()) std::cerr << "kgate: " << hint << "\n";
     }
     return 2;
   }
-  kgate::mcp::RemoteListing listing = kgate::mcp::list_remote(ep);
+  kgate::client::RemoteListing listing = kgate::client::list_remote(ep);
   if (listing.listed_anything()) {
-    if (json) std::cout << kgate::mcp::render_json(listing).dump(2) << "\n";
-    else std::cout << kgate::mcp::render_text(listing) << "\n";
+    if (json) std::cout << kgate::client::render_json(listing).dump(2) << "\n";
+    else std::cout << kgate::client::render_text(listing) << "\n";
     std::cout.flush();
   }
   if (listing.complete()) return 0;

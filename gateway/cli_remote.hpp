@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "mcp_config.hpp"
+#include "kgate/client/gateways_toml.hpp"
 
 namespace kgate::gw {
 
@@ -13,6 +13,6 @@ namespace kgate::gw {
 // JSON object) and every error on stderr; the token is never printed.  Blocks up to ~15 s.
 // Returns the exit status: 0 listed, 1 the remote could not be listed (or only in part),
 // 2 `host` is not a known name or a usable URL.
-int print_remote_kernels(const kgate::mcp::Config& cfg, const std::string& host, bool json);
+int print_remote_kernels(const kgate::client::Config& cfg, const std::string& host, bool json);
 
 }  // namespace kgate::gw

@@ -14,7 +14,7 @@
 
 #include "net.hpp"
 #include "options.hpp"
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
 namespace kgate::gw {
 

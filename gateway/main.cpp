@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   if (*uninstall) return kgate::gw::uninstall_service(service, std::cout, std::cerr);
   if (!*serve) {  // the one-shot commands: stdout is theirs, only warnings go to stderr
     spdlog::set_level(spdlog::level::warn);
-    if (*kernels) return kgate::gw::print_remote_kernels(kgate::mcp::load_config(), kernels_host, kernels_json);
+    if (*kernels) return kgate::gw::print_remote_kernels(kgate::client::load_config(), kernels_host, kernels_json);
     return kgate::gw::print_kernelspecs(kernelspecs_json);
   }
   spdlog::set_level(spdlog::level::from_str(log_level));

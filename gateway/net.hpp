@@ -1,8 +1,6 @@
 // The one place gateway code includes Asio and Beast from, with the short aliases it uses.
 #pragma once
 
-#include "beast_utf8_relaxed.hpp"  // before any Beast websocket header: see the file
-
 #include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
 
 #include <boost/asio.hpp>

@@ -18,10 +18,14 @@
 
 #include "kgate/connection.hpp"
 #include "kgate/version.hpp"
-#include "mcp_config.hpp"
-#include "proxy_link.hpp"
+#include "kgate/client/gateways_toml.hpp"
+#include "kgate/client/proxy_link.hpp"
 
 namespace kgate::gw::proxy {
+
+using client::proxy::Link;
+using client::proxy::LinkEvent;
+using client::proxy::LinkOptions;
 
 namespace {
 
@@ -541,7 +545,7 @@ int run_proxy_kernel(const ProxyKernelOptions& opts) {
   if (lo.kernel.empty())
     if (const char* k = std::getenv("KGATE_PROXY_KERNEL"); k && *k) lo.kernel = k;
   std::string error;
-  if (!kgate::mcp::resolve_gateway(kgate::mcp::load_config(), opts.url, lo.ep, error)) {
+  if (!kgate::client::resolve_gateway(kgate::client::load_config(), opts.url, lo.ep, error)) {
     std::cerr << "kgate proxy-kernel: " << error << "\n";
     return 2;
   }

@@ -12,6 +12,8 @@ PKGS=(
   python3-qtconsole python3-qtpy python3-pyqt5  # qtconsole: the attach command, and its widget test (offscreen)
   libsystemd-dev systemd openssl
   clang libclang-rt-14-dev llvm wrk
+  liburiparser-dev  # URL parsing (src/client/endpoint.cpp)
+  ccache mold lld  # the compiler cache and the fast linkers (cmake/BuildSpeed.cmake)
 )
 
 missing=()

@@ -2,13 +2,14 @@
 # The sanitizer stage of the test suite (scripts/test.sh runs it after the plain build):
 #   1. builds kgate with clang, ASan + UBSan (LeakSanitizer included) and libFuzzer coverage;
 #   2. runs the whole test suite (unit, integration, fuzz corpus replays) against that build;
-#   3. runs each libFuzzer target for KGATE_FUZZ_SECONDS (default 60), two at a time;
+#   3. runs each libFuzzer target for KGATE_FUZZ_SECONDS (default 30), two at a time;
 #   4. fails if any process of ours wrote a sanitizer report, or any fuzz target crashed.
 # Usage: scripts/sanitize.sh [--no-fuzz] [--no-tests]   (env: KGATE_SAN_BUILD_DIR, KGATE_FUZZ_SECONDS)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${KGATE_SAN_BUILD_DIR:-$here/build-san}"
-fuzz_seconds="${KGATE_FUZZ_SECONDS:-60}"
+fuzz_seconds="${KGATE_FUZZ_SECONDS:-30}"
+stage="$here/scripts/stage.sh"
 run_tests=1 run_fuzz=1
 for arg in "$@"; do
   case "$arg" in
@@ -27,7 +28,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S "$here" -B "$build" "${generator[@]}" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
     "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" -DKGATE_ENABLE_SANITIZERS=ON -DKGATE_FUZZ=ON >&2
 fi
-cmake --build "$build" --parallel "$(nproc)" >&2
+"$stage" sanitize-build cmake --build "$build" --parallel "$(nproc)" >&2
 
 reports="$build/sanitizer-reports"
 rm -rf "$reports"
@@ -45,11 +46,13 @@ export KGATE_SANITIZED=1
 status=0
 if [ "$run_tests" = 1 ]; then
   echo "sanitize: the test suite under ASan+UBSan ($build)" >&2
-  (cd "$build" && ctest --output-on-failure --timeout 2400 -j 2) || status=1
+  "$stage" sanitize-tests bash -c 'cd "$1" && ctest --output-on-failure --timeout 2400 -j 2' _ "$build" \
+    || status=1
 fi
 
 if [ "$run_fuzz" = 1 ]; then
   echo "sanitize: each fuzz target for ${fuzz_seconds}s" >&2
+  fuzz_start=$(date +%s)
   work="$build/fuzz-work"
   rm -rf "$work"
   mkdir -p "$work"
@@ -87,6 +90,8 @@ if [ "$run_fuzz" = 1 ]; then
     fi
     printf '%-12s %12s %10s %8s %s\n' "$t" "$runs" "$speed" "$units" "$result" >&2
   done
+  fuzz_secs=$(( $(date +%s) - fuzz_start ))
+  printf 'stage fuzz: done in %dm%02ds\n' $((fuzz_secs / 60)) $((fuzz_secs % 60)) >&2
 fi
 
 if compgen -G "$reports/*" >/dev/null; then

@@ -7,7 +7,8 @@ set -euo pipefail
 # KGATE_NO_BUILD=1 runs what ./build already holds (the test of this script sets it).
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ "${KGATE_NO_BUILD:-0}" != 1 ]; then
-  "$here/scripts/build.sh" "$here/build"
+  # Only the two programs: the tests are scripts/test.sh's to build.
+  KGATE_TARGETS="kgate kgate-mcp" "$here/scripts/build.sh" "$here/build"
 fi
 mcp="$here/build/translator/kgate-mcp"
 

@@ -8,7 +8,6 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "mcp_config.hpp"
 #include "jsonrpc.hpp"
 #include "tools.hpp"
 #include "version_info.hpp"

@@ -13,6 +13,7 @@
 #include <openssl/evp.h>
 
 #include "images.hpp"
+#include "kgate/jobs.hpp"
 #include "kgate/utf8.hpp"
 
 namespace kgate::mcp {
@@ -49,42 +50,9 @@ std::size_t char_offset(std::string_view s, std::size_t n) {
   return i;
 }
 
-// Removes ANSI escapes: CSI (ESC [, parameter and intermediate bytes 0x20-0x3F, a final byte
-// 0x40-0x7E), OSC (ESC ] ... BEL or ESC \) and the short forms (ESC, intermediates 0x20-0x2F,
-// a final byte 0x30-0x7E: ESC ( B, ESC =, ...).  A malformed escape loses only its ASCII bytes
-// (bytes are compared unsigned: one of a multi-byte character is never taken for a parameter,
-// intermediate or final byte), so a UTF-8 character after it is never split; an unterminated OSC
-// ends at the line's end.  The input is made valid_utf8 first, so the output is valid UTF-8.
-std::string strip_ansi(std::string_view raw) {
-  const std::string valid = valid_utf8(raw);
-  const std::string_view s = valid;
-  auto in = [&](std::size_t i, unsigned char lo, unsigned char hi) {
-    return i < s.size() && static_cast<unsigned char>(s[i]) >= lo && static_cast<unsigned char>(s[i]) <= hi;
-  };
-  std::string out;
-  out.reserve(s.size());
-  std::size_t i = 0;
-  while (i < s.size()) {
-    if (s[i] != '\x1b') {
-      out.push_back(s[i++]);
-      continue;
-    }
-    ++i;
-    if (i < s.size() && s[i] == '[') {
-      ++i;
-      while (in(i, 0x20, 0x3F)) ++i;
-      if (in(i, 0x40, 0x7E)) ++i;
-    } else if (i < s.size() && s[i] == ']') {
-      ++i;
-      while (i < s.size() && s[i] != '\a' && s[i] != '\n' && !(s[i] == '\x1b' && i + 1 < s.size() && s[i + 1] == '\\')) ++i;
-      if (i < s.size() && s[i] != '\n') i += s[i] == '\a' ? 1 : 2;
-    } else {
-      while (in(i, 0x20, 0x2F)) ++i;
-      if (in(i, 0x30, 0x7E)) ++i;
-    }
-  }
-  return out;
-}
+// kgate::strip_ansi (the records' rule, src/jobs.cpp) on text made valid_utf8 first, so the
+// output is valid UTF-8.
+std::string strip_ansi(std::string_view raw) { return kgate::strip_ansi(valid_utf8(raw)); }
 
 // If s[i..] is a private mode set/reset for the alternate screen (ESC [ ? 47|1047|1049 h|l),
 // its length, with `enter` set to whether it is the 'h'; else 0.
@@ -165,34 +133,6 @@ std::optional<std::string> mime_text(const json& data, std::string_view mime) {
     s += part.get_ref<const std::string&>();
   }
   return s;
-}
-
-std::string str_field(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-std::size_t count_field(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number_unsigned() ? it->get<std::size_t>() : 0;
-}
-
-std::vector<std::string> traceback_field(const json& j) {
-  std::vector<std::string> tb;
-  const auto it = j.find("traceback");
-  if (it == j.end() || !it->is_array()) return tb;
-  for (const auto& line : *it)
-    if (line.is_string()) tb.push_back(line.get<std::string>());
-  return tb;
-}
-
-CellOutput error_output(const json& content) {
-  CellOutput o;
-  o.kind = CellOutput::Kind::error;
-  o.ename = str_field(content, "ename");
-  o.evalue = str_field(content, "evalue");
-  o.traceback = traceback_field(content);
-  return o;
 }
 
 // One rendered output: its tag, the mime shown (empty for plain text) and its text.
@@ -287,57 +227,6 @@ std::string media_id(std::string_view base64) {
 json text_block(std::string text) { return {{"type", "text"}, {"text", std::move(text)}}; }
 
 }  // namespace
-
-std::optional<CellOutput> output_from_iopub(std::string_view msg_type, const json& content) {
-  const json& c = content.is_object() ? content : json::object();
-  CellOutput o;
-  if (msg_type == "stream") {
-    o.kind = CellOutput::Kind::stream;
-    o.name = str_field(c, "name");
-    o.text = str_field(c, "text");
-  } else if (msg_type == "execute_result" || msg_type == "display_data") {
-    o.kind = msg_type == "display_data" ? CellOutput::Kind::display_data : CellOutput::Kind::execute_result;
-    const auto data = c.find("data");
-    if (data != c.end() && data->is_object()) o.data = *data;
-  } else if (msg_type == "error") {
-    o = error_output(c);
-  } else {
-    return std::nullopt;
-  }
-  return o;
-}
-
-std::vector<CellOutput> outputs_from_record(const json& job) {
-  std::vector<CellOutput> outs;
-  if (!job.is_object()) return outs;
-  const std::string output = str_field(job, "output");
-  const std::size_t output_cut = count_field(job, "output_cut");
-  if (!output.empty() || output_cut) {
-    CellOutput o;
-    o.name = "output";  // stdout and stderr, interleaved as the record keeps them
-    o.cut = output_cut;
-    o.text = output;
-    outs.push_back(std::move(o));
-  }
-  const std::string result = str_field(job, "result");
-  const std::size_t result_cut = count_field(job, "result_cut");
-  if (!result.empty() || result_cut) {
-    CellOutput o;
-    o.kind = CellOutput::Kind::execute_result;
-    std::string text;
-    if (result_cut) text = "[" + std::to_string(result_cut) + " earlier bytes of the result were cut]\n";
-    o.data["text/plain"] = text + result;
-    outs.push_back(std::move(o));
-  }
-  if (const auto err = job.find("error"); err != job.end() && err->is_object()) outs.push_back(error_output(*err));
-  if (const std::string note = str_field(job, "note"); !note.empty()) {
-    CellOutput o;
-    o.name = "note";
-    o.text = note;
-    outs.push_back(std::move(o));
-  }
-  return outs;
-}
 
 std::string clean_stream(std::string_view s) {
   const std::string text = strip_ansi(drop_alt_screen(s));

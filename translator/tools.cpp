@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
-#include "remote.hpp"
+#include "render.hpp"
 #include "install_inspectors_py.hpp"
 #include "startup_wrapper_py.hpp"
 

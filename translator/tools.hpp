@@ -13,8 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "mcp_config.hpp"
-#include "gateway.hpp"
+#include "client.hpp"
 #include "jsonrpc.hpp"
 
 namespace kgate::mcp {

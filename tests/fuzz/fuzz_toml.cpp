@@ -11,7 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config.hpp"
-#include "mcp_config.hpp"
+#include "kgate/client/gateways_toml.hpp"
 
 namespace fs = std::filesystem;
 
@@ -32,8 +32,8 @@ fs::path scratch() {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
-    kgate::mcp::Config cfg;
-    kgate::mcp::parse_gateways(text, "gateways.toml", cfg);
+    kgate::client::Config cfg;
+    kgate::client::parse_gateways(text, "gateways.toml", cfg);
   } catch (const std::runtime_error&) {
   }
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
 namespace {
 
@@ -22,16 +22,16 @@ void reencode(const kgate::ClientMessage& c) {
   k.wire = c.wire;
   k.msg_id = c.msg_id;
   k.msg_type = c.msg_type;
-  auto v1 = kgate::gw::encode_v1(k);
+  auto v1 = kgate::encode_v1(k);
   std::vector<std::string_view> parts;
-  must(kgate::gw::split_v1(v1.data, parts).empty());
+  must(kgate::split_v1(v1.data, parts).empty());
   must(parts.size() == 5 + c.wire.buffers.size());
   must(parts[1] == c.wire.header && parts[4] == c.wire.content);
   for (std::size_t i = 0; i < c.wire.buffers.size(); ++i) must(parts[5 + i] == c.wire.buffers[i]);
   // And what kgate sends a legacy client decodes as a client frame again.
-  auto legacy = kgate::gw::encode_legacy(k);
+  auto legacy = kgate::encode_legacy(k);
   kgate::ClientMessage back;
-  must(kgate::gw::decode_client(legacy.data, kgate::gw::WsProtocol::legacy, back).empty());
+  must(kgate::decode_client(legacy.data, kgate::WsProtocol::legacy, back).empty());
   must(back.msg_id == c.msg_id && back.msg_type == c.msg_type && back.wire.buffers == c.wire.buffers);
 }
 
@@ -39,12 +39,12 @@ void reencode(const kgate::ClientMessage& c) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view frame(reinterpret_cast<const char*>(data), size);
-  for (auto proto : {kgate::gw::WsProtocol::legacy, kgate::gw::WsProtocol::v1}) {
+  for (auto proto : {kgate::WsProtocol::legacy, kgate::WsProtocol::v1}) {
     kgate::ClientMessage out;
-    if (kgate::gw::decode_client(frame, proto, out).empty()) reencode(out);
+    if (kgate::decode_client(frame, proto, out).empty()) reencode(out);
   }
   std::vector<std::string_view> parts;
-  if (kgate::gw::split_v1(frame, parts).empty())
+  if (kgate::split_v1(frame, parts).empty())
     for (auto p : parts) must(p.data() >= frame.data() && p.data() + p.size() <= frame.data() + frame.size());
   return 0;
 }

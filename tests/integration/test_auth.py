@@ -1,5 +1,6 @@
 """Token auth, non-loopback refusal, Origin and Host (DNS rebinding) checks."""
 
+import json
 import os
 import subprocess
 import time
@@ -90,6 +91,63 @@ def test_ws_token_header_ok(kgate_tok, tok_kernel):
     with KernelWS(kgate_tok.ws_url(tok_kernel),
                   headers={"Authorization": f"token {TOKEN}"}) as ws:
         assert ws.run("print(2 + 2)") == "4\n"
+
+
+# ------------------------------------------- token spellings and order (as jupyter_server)
+
+@pytest.mark.parametrize("header", ["token {}", "Token {}", "TOKEN {}", "bearer {}", "Bearer {}",
+                                    "BeArEr {}", "token  {}", "token\t{}", "bearer   {}"])
+def test_auth_scheme_is_case_insensitive_and_any_whitespace_follows(kgate_tok, header):
+    """jupyter_server matches (token|bearer)\\s+(.+) ignoring case (RFC 7235: schemes are)."""
+    status, _, body = kgate_tok.rest("GET", "/api/kernelspecs",
+                                     headers={"Authorization": header.format(TOKEN)})
+    assert status == 200, (header, status, body)
+
+
+@pytest.mark.parametrize("header", ["token wrong", "Bearer wrong", "TOKEN  wrong", f"basic {TOKEN}",
+                                    f"tokens {TOKEN}", f"token{TOKEN}", TOKEN])
+def test_other_authorization_values_are_401(kgate_tok, header):
+    status, _, body = kgate_tok.rest("GET", "/api/kernelspecs", headers={"Authorization": header})
+    assert status == 401, (header, status, body)
+    assert TOKEN not in json.dumps(body), "a refusal names no token"
+
+
+def test_query_token_is_read_before_the_header(kgate_tok):
+    """jupyter_server and Kernel Gateway take ?token= first, the header only when there is none."""
+    status, _, body = kgate_tok.rest("GET", f"/api/kernelspecs?token={TOKEN}", auth=False,
+                                     headers={"Authorization": "token wrong"})
+    assert status == 200, (status, body)
+    status, _, body = kgate_tok.rest("GET", "/api/kernelspecs?token=wrong", auth=False,
+                                     headers={"Authorization": f"token {TOKEN}"})
+    assert status == 401, (status, body)
+    # An empty ?token= is no token: the header is read.
+    status, _, body = kgate_tok.rest("GET", "/api/kernelspecs?token=", auth=False,
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200, (status, body)
+
+
+def test_ws_query_token_is_read_before_the_header(kgate_tok, tok_kernel):
+    with KernelWS(kgate_tok.ws_url(tok_kernel), headers={"Authorization": f"Token {TOKEN}"}) as ws:
+        assert ws.run("print(3 + 3)") == "6\n"
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        KernelWS(kgate_tok.ws_url(tok_kernel, token="wrong"),
+                 headers={"Authorization": f"token {TOKEN}"}).close()
+    assert info.value.status_code == 401, str(info.value)
+
+
+def test_observe_and_agent_socket_read_the_token_the_same_way(kgate_tok):
+    status, _, _ = kgate_tok.http("GET", "/observe", auth=False, headers={"Authorization": f"BEARER {TOKEN}"})
+    assert status == 200, status
+    status, _, _ = kgate_tok.http("GET", "/observe?token=wrong", auth=False,
+                                  headers={"Authorization": f"token {TOKEN}"})
+    assert status == 401, status
+    url = kgate_tok.url.replace("http://", "ws://") + "/api/kgate/agent?agent=" + uuid.uuid4().hex
+    ws = websocket.create_connection(url, header=[f"Authorization: bearer  {TOKEN}"], timeout=10)
+    ws.close()
+    with pytest.raises(websocket.WebSocketBadStatusException) as info:
+        websocket.create_connection(url + "&token=wrong", header=[f"Authorization: token {TOKEN}"],
+                                    timeout=10).close()
+    assert info.value.status_code == 401, str(info.value)
 
 
 # ---------------------------------------------------------------- bind policy

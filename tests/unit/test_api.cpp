@@ -131,6 +131,36 @@ TEST(QueryParam, BadEscapesGiveNothing) {
 
 // ---- json_error --------------------------------------------------------------------------
 
+// ---- request_token: jupyter_server's order and spellings ---------------------------------
+
+TEST(RequestToken, SchemeInAnyCaseThenAnyWhitespace) {
+  for (const char* h : {"token T0k", "Token T0k", "TOKEN T0k", "bearer T0k", "Bearer T0k", "BEARER T0k",
+                        "token  T0k", "token\tT0k", "bearer \t  T0k", "  token T0k  "})
+    EXPECT_EQ(request_token("/api/kernels", h), "T0k") << h;
+}
+
+TEST(RequestToken, OtherHeadersGiveNoToken) {
+  for (const char* h : {"", "token", "token   ", "Basic T0k", "tokens T0k", "tokenT0k", "T0k", "bearer"})
+    EXPECT_EQ(request_token("/api/kernels", h), "") << h;
+  EXPECT_EQ(request_token("/api/kernels", "token a b"), "a b") << "(.+) keeps the rest of the value";
+}
+
+TEST(RequestToken, QueryArgumentComesFirst) {
+  EXPECT_EQ(request_token("/api/kernelspecs?token=right", "token wrong"), "right");
+  EXPECT_EQ(request_token("/api/kernelspecs?token=wrong", "token right"), "wrong");
+  EXPECT_EQ(request_token("/api/kernelspecs?token=", "Bearer right"), "right") << "empty is none";
+  EXPECT_EQ(request_token("/api/kernelspecs?a=1", "Bearer right"), "right");
+  EXPECT_EQ(request_token("/api/kernelspecs?tokens=x&xtoken=y", ""), "");
+}
+
+TEST(RequestToken, QueryArgumentAsTornadoReadsIt) {
+  EXPECT_EQ(request_token("/x?token=first&token=last", ""), "last") << "the last one when repeated";
+  EXPECT_EQ(request_token("/x?token=%20T0k%20", ""), "T0k") << "whitespace stripped";
+  EXPECT_EQ(request_token("/x?t%6Fken=a%2Bb", ""), "a+b") << "keys and values are decoded";
+  EXPECT_EQ(request_token("/x?token=a+b", ""), "a b");
+  EXPECT_EQ(request_token("/x?token=%zz", "token h"), "h") << "a bad escape is no token";
+}
+
 TEST(JsonError, Body) {
   Request req{http::verb::get, "/api/kernels/x", 11};
   for (auto [status, reason] : {std::pair{http::status::not_found, "Not Found"},

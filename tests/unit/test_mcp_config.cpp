@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "mcp_config.hpp"
+#include "kgate/client/gateways_toml.hpp"
 
-using namespace kgate::mcp;
+using namespace kgate::client;
 
 namespace {
 

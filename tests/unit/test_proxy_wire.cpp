@@ -1,15 +1,15 @@
 // Unit tests for kgate proxy-kernel's pure helpers: which kernel it attaches to, and reading the
 // server's v1 websocket frames (checked against ws_codec's encoder and by hand-built frames).
-#include "proxy_wire.hpp"
+#include "kgate/client/proxy_wire.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
-namespace kgate::gw::proxy {
+namespace kgate::client::proxy {
 namespace {
 
 json kernel(const std::string& id, double age, double idle, json claim = nullptr, const char* state = "idle") {
@@ -125,4 +125,4 @@ TEST(DecodeV1, BadFramesAreNamed) {
 }
 
 }  // namespace
-}  // namespace kgate::gw::proxy
+}  // namespace kgate::client::proxy

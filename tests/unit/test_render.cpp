@@ -248,7 +248,7 @@ TEST(RenderText, OneOutputIsBare) {
   EXPECT_EQ(render_text({result({{"text/plain", "2"}})}), "2");
   EXPECT_EQ(render_text({stream("stdout", "hello\n")}), "hello");
   EXPECT_EQ(render_text({stream("stdout", "a"), stream("stdout", "b\n")}), "ab");
-  EXPECT_EQ(render_text({}), "");
+  EXPECT_EQ(render_text(std::vector<CellOutput>{}), "");
   // Empty outputs do not count: an image-only display has no text.
   EXPECT_EQ(render_text({display({{"image/png", "iVBO"}}), stream("stdout", ""), result({{"text/plain", "7"}})}), "7");
 }

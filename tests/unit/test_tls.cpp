@@ -13,9 +13,10 @@
 #include <openssl/x509v3.h>
 
 #include "support.hpp"
-#include "tls.hpp"
+#include "kgate/client/http_client.hpp"
+#include "kgate/client/tls_stream.hpp"
 
-namespace kgate::mcp {
+namespace kgate::client {
 namespace {
 
 using tcp = boost::asio::ip::tcp;
@@ -187,4 +188,4 @@ TEST(TlsClientContext, AnotherCertificateIsRefused) {
 }
 
 }  // namespace
-}  // namespace kgate::mcp
+}  // namespace kgate::client

@@ -1,6 +1,6 @@
 // Unit tests for the websocket codec: legacy JSON, legacy binary and v1 frames, checked
 // against an independent decoder, against jupyter_server's own functions, and for errors.
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>

@@ -5,8 +5,9 @@
 // defaults to binary=False).  Beast 1.74 always fails such frames with bad_frame_payload and
 // has no option to turn the check off.  kgate decides per message what the payload is (JSON
 // text, or legacy binary, by its first byte) and validates the JSON it parses, so the frame
-// level check buys nothing.  This header must be included before any Beast websocket header;
-// gateway/net.hpp does that, and every gateway file includes Beast through net.hpp only.
+// level check buys nothing.  This header must come before any Beast websocket header, in every
+// translation unit of a binary: cmake/Beast.cmake forces it first into all of them (-include),
+// and tests/check_build.py fails the suite if one is compiled without it.
 #pragma once
 
 #ifdef BOOST_BEAST_WEBSOCKET_DETAIL_UTF8_CHECKER_HPP

@@ -1,12 +1,12 @@
 // kgate proxy-kernel's pure pieces (see proxy_wire.hpp).
-#include "proxy_wire.hpp"
+#include "kgate/client/proxy_wire.hpp"
 
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
 #include <cstdint>
 #include <vector>
 
-namespace kgate::gw::proxy {
+namespace kgate::client::proxy {
 
 namespace {
 
@@ -78,4 +78,4 @@ std::string decode_v1_frame(std::string_view data, Channel& channel, WireMessage
   return {};
 }
 
-}  // namespace kgate::gw::proxy
+}  // namespace kgate::client::proxy

@@ -1,5 +1,5 @@
 // Listing a gateway's kernelspecs, kernels and sessions (see remote.hpp).
-#include "remote.hpp"
+#include "kgate/client/listing.hpp"
 
 #include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
 
@@ -18,7 +18,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 
-namespace kgate::mcp {
+namespace kgate::client {
 
 namespace {
 
@@ -538,4 +538,4 @@ std::string known_gateways_hint(const Config& cfg) {
   return "known gateways: " + names + " (in " + file + ")";
 }
 
-}  // namespace kgate::mcp
+}  // namespace kgate::client

@@ -20,12 +20,12 @@
 #include <string_view>
 #include <thread>
 
-#include "gateway.hpp"  // translator: Endpoint, HttpClient
+#include "kgate/client/http_client.hpp"
 #include "kgate/kernel.hpp"
 #include "kgate/wire.hpp"
-#include "proxy_wire.hpp"
+#include "kgate/client/proxy_wire.hpp"
 
-namespace kgate::gw::proxy {
+namespace kgate::client::proxy {
 
 // Limits of the link (DEV.md "kgate proxy-kernel").
 struct LinkLimits {
@@ -56,7 +56,7 @@ struct LinkEvent {
 };
 
 struct LinkOptions {
-  kgate::mcp::Endpoint ep;
+  kgate::client::Endpoint ep;
   std::string kernel;  // a kernel id or a unique prefix of one; "" = choose (choose_kernel)
   LinkLimits limits;
   std::chrono::milliseconds max_backoff{5000};
@@ -90,7 +90,7 @@ class Link {
   void run();
   void http_worker();
   void push(LinkEvent e);
-  bool resolve(kgate::mcp::HttpClient& http, std::string& id, std::string& ename, std::string& evalue);
+  bool resolve(kgate::client::HttpClient& http, std::string& id, std::string& ename, std::string& evalue);
   bool open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, std::string& error);
   void start_read(const std::shared_ptr<Conn>& c);
   void write_next(const std::shared_ptr<Conn>& c);
@@ -101,7 +101,7 @@ class Link {
   std::string session_;  // the websocket's session_id, the same for the proxy's life (replay)
   std::thread thread_, http_thread_;
   std::atomic<bool> stopping_{false};
-  std::unique_ptr<kgate::mcp::HttpClient> http_;
+  std::unique_ptr<kgate::client::HttpClient> http_;
 
   std::mutex mu_;
   std::condition_variable cv_;  // backoff waits, the HTTP queue, stop
@@ -117,4 +117,4 @@ class Link {
   std::condition_variable done_cv_;
 };
 
-}  // namespace kgate::gw::proxy
+}  // namespace kgate::client::proxy

@@ -1,11 +1,11 @@
 // Websocket message formats of the Jupyter kernels API: legacy JSON, legacy binary and v1.
-#include "ws_codec.hpp"
+#include "kgate/ws_codec.hpp"
 
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
-namespace kgate::gw {
+namespace kgate {
 
 namespace {
 
@@ -224,4 +224,4 @@ std::string decode_client(std::string_view data, WsProtocol proto, ClientMessage
   return decode_legacy_binary(data, out);
 }
 
-}  // namespace kgate::gw
+}  // namespace kgate

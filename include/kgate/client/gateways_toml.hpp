@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "gateway.hpp"
+#include "kgate/client/endpoint.hpp"
 
-namespace kgate::mcp {
+namespace kgate::client {
 
 struct GatewayEntry {
   std::string url;
@@ -44,4 +44,4 @@ void parse_gateways(const std::string& text, const std::string& source, Config& 
 // is taken from the config dir, and a leading ~/ from $HOME.  False and `error` (what to do next) when it cannot be resolved.
 bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, std::string& error);
 
-}  // namespace kgate::mcp
+}  // namespace kgate::client

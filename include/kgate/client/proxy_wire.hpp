@@ -8,7 +8,7 @@
 #include "kgate/kernel.hpp"
 #include "kgate/wire.hpp"
 
-namespace kgate::gw::proxy {
+namespace kgate::client::proxy {
 
 // The kernel a proxy attaches to when none is named, from GET api/kgate/kernels (kgate) or
 // GET api/kernels (any Jupyter server): the agent's current kernel (a live claim; with several,
@@ -24,4 +24,4 @@ std::string match_kernel(const json& kernels, const std::string& want, std::stri
 // else what is wrong with it.
 std::string decode_v1_frame(std::string_view data, Channel& channel, WireMessage& out);
 
-}  // namespace kgate::gw::proxy
+}  // namespace kgate::client::proxy

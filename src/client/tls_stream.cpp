@@ -1,5 +1,5 @@
 // TLS for https:// gateways (see tls.hpp).
-#include "tls.hpp"
+#include "kgate/client/tls_stream.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -11,7 +11,7 @@
 #include <openssl/x509_vfy.h>
 #include <spdlog/spdlog.h>
 
-namespace kgate::mcp::tls {
+namespace kgate::client::tls {
 
 namespace {
 
@@ -134,4 +134,4 @@ std::string handshake_message(const Endpoint& ep, TlsStream& s, const beast::err
          "): is it an https server? If it serves plain http, use " + plain;
 }
 
-}  // namespace kgate::mcp::tls
+}  // namespace kgate::client::tls

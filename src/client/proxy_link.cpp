@@ -1,7 +1,5 @@
 // `kgate proxy-kernel`'s side of the gateway (see proxy_link.hpp).
-#include "net.hpp"  // first: beast_utf8_relaxed.hpp before any Beast websocket header
-
-#include "proxy_link.hpp"
+#include "kgate/client/proxy_link.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -10,13 +8,12 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
-#include "tls.hpp"
-#include "ws_codec.hpp"
+#include "connect.hpp"
+#include "kgate/ws_codec.hpp"
 
-namespace kgate::gw::proxy {
+namespace kgate::client::proxy {
 
 namespace ssl = net::ssl;
-namespace tls = kgate::mcp::tls;
 using namespace std::chrono_literals;
 
 namespace {
@@ -28,47 +25,10 @@ constexpr auto kWsOpenTimeout = 10s;
 
 bool is_dead(const json& k) { return k.is_object() && k.value("execution_state", "") == "dead"; }
 
-std::string auth_hint(const kgate::mcp::Endpoint& ep) {
+std::string auth_hint(const kgate::client::Endpoint& ep) {
   return ep.name.empty() || ep.name.find("://") != std::string::npos
              ? "set $KGATE_TOKEN to the gateway's token"
              : "check the token of [gateways." + ep.name + "] in gateways.toml";
-}
-
-// Opens the transport under the websocket, within kWsOpenTimeout per step; then
-// done(ec, error): `error` names what failed when the transport's own message says more.
-using Opened = std::function<void(beast::error_code, std::string)>;
-
-void connect_layer(beast::tcp_stream& s, tcp::resolver& resolver, const kgate::mcp::Endpoint& ep, Opened done) {
-  resolver.async_resolve(ep.host, ep.port, [&s, done](beast::error_code rec, tcp::resolver::results_type results) {
-    if (rec) return done(rec, "");
-    s.expires_after(kWsOpenTimeout);
-    s.async_connect(results, [&s, done](beast::error_code cec, const tcp::endpoint&) {
-      if (!cec) {
-        beast::error_code ignored;
-        s.socket().set_option(tcp::no_delay(true), ignored);
-      }
-      done(cec, "");
-    });
-  });
-}
-
-void connect_layer(tls::TlsStream& s, tcp::resolver& resolver, const kgate::mcp::Endpoint& ep, Opened done) {
-  connect_layer(beast::get_lowest_layer(s), resolver, ep, [&s, &ep, done](beast::error_code cec, std::string) {
-    if (cec) return done(cec, "");
-    std::string error;
-    if (!tls::set_peer(s, ep, error)) return done(net::error::invalid_argument, error);
-    beast::get_lowest_layer(s).expires_after(kWsOpenTimeout);
-    s.async_handshake(ssl::stream_base::client, [&s, &ep, done](beast::error_code hec) {
-      done(hec, hec ? tls::handshake_message(ep, s, hec, kWsOpenTimeout) : "");
-    });
-  });
-}
-
-void connect_layer(tls::UnixStream& s, tcp::resolver&, const kgate::mcp::Endpoint& ep, Opened done) {
-  s.expires_after(kWsOpenTimeout);
-  s.async_connect(net::local::stream_protocol::endpoint(ep.socket_path), [&ep, done](beast::error_code ec) {
-    done(ec, ec ? "cannot connect to " + ep.url + ": " + ec.message() : "");
-  });
 }
 
 }  // namespace
@@ -77,7 +37,7 @@ void connect_layer(tls::UnixStream& s, tcp::resolver&, const kgate::mcp::Endpoin
 // Link
 
 struct Link::Conn {
-  Conn(const kgate::mcp::Endpoint& ep, std::shared_ptr<ssl::context> tls, net::io_context& io)
+  Conn(const kgate::client::Endpoint& ep, std::shared_ptr<ssl::context> tls, net::io_context& io)
       : ioc(io), ws(ep, std::move(tls), io) {}
   net::io_context& ioc;
   tls::Websocket ws;
@@ -94,7 +54,7 @@ Link::Link(LinkOptions opts, std::function<void()> wake)
 Link::~Link() { stop(std::chrono::milliseconds(0)); }
 
 void Link::start() {
-  http_ = std::make_unique<kgate::mcp::HttpClient>(opts_.ep);
+  http_ = std::make_unique<kgate::client::HttpClient>(opts_.ep);
   threads_left_ = 2;
   thread_ = std::thread([this] {
     run();
@@ -237,14 +197,14 @@ void Link::http_worker() {
 
 // Which kernel to (re)attach to: the one attached before while it exists (unless one was
 // named, which is the only one), else choose_kernel, else a new one.
-bool Link::resolve(kgate::mcp::HttpClient& http, std::string& id, std::string& ename, std::string& evalue) {
+bool Link::resolve(kgate::client::HttpClient& http, std::string& id, std::string& ename, std::string& evalue) {
   const std::string& url = opts_.ep.url;
-  auto unreachable = [&](const kgate::mcp::HttpResult& r) {
+  auto unreachable = [&](const kgate::client::HttpResult& r) {
     ename = "NoKgate";
     evalue = "no running kgate at " + url + " (" + r.error + ")";
     return false;
   };
-  auto refused = [&](const kgate::mcp::HttpResult& r, const std::string& what) {
+  auto refused = [&](const kgate::client::HttpResult& r, const std::string& what) {
     ename = r.status == 401 || r.status == 403 ? "KgateAuth" : "KgateError";
     evalue = r.status == 401 || r.status == 403
                  ? "kgate at " + url + " refused the token (HTTP " + std::to_string(r.status) + "): " + auth_hint(opts_.ep)
@@ -395,23 +355,15 @@ bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, st
   std::string protocol;
   bool up = false;
   c->ws.visit([&](auto& ws) {
-    connect_layer(ws.next_layer(), resolver, ep, [&](beast::error_code oec, std::string oerr) {
-      if (oec) {
-        ec = oec;
-        open_error = std::move(oerr);
-        return;
-      }
-      ws.set_option(websocket::stream_base::decorator([&ep](websocket::request_type& r) {
-        r.set(http::field::user_agent, "kgate-proxy-kernel");
-        r.set(http::field::sec_websocket_protocol, kV1Protocol);
-        if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
-      }));
-      ws.read_message_max(opts_.limits.max_ws_message_bytes);
-      auto res = std::make_shared<websocket::response_type>();
-      ws.async_handshake(*res, ep.host_header(), target, [&, res](beast::error_code hec) {
-        if (hec) return void(ec = hec);
-        protocol = std::string((*res)[http::field::sec_websocket_protocol]);
-        beast::get_lowest_layer(ws).expires_never();
+    ws.read_message_max(opts_.limits.max_ws_message_bytes);
+    async_open_websocket(ws, resolver, ep, target, std::string(kV1Protocol), kWsOpenTimeout,
+                         [&](beast::error_code oec, std::string oerr, std::string chosen) {
+        if (oec) {
+          ec = oec;
+          open_error = std::move(oerr);
+          return;
+        }
+        protocol = std::move(chosen);
         // Pings every 30 s; a kgate that stops answering for 60 s is dropped and looked for again.
         websocket::stream_base::timeout t{};
         t.handshake_timeout = std::chrono::seconds(10);
@@ -419,7 +371,6 @@ bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, st
         t.keep_alive_pings = true;
         ws.set_option(t);
         up = true;
-      });
     });
     c->ioc.run();
   });
@@ -505,4 +456,4 @@ void Link::write_next(const std::shared_ptr<Conn>& c) {
   });
 }
 
-}  // namespace kgate::gw::proxy
+}  // namespace kgate::client::proxy

@@ -7,7 +7,7 @@
 
 #include "kgate/kernel.hpp"
 
-namespace kgate::gw {
+namespace kgate {
 
 inline constexpr std::string_view kV1Protocol = "v1.kernel.websocket.jupyter.org";
 
@@ -35,4 +35,4 @@ std::string split_v1(std::string_view data, std::vector<std::string_view>& parts
 // message saying what is wrong with the frame.
 std::string decode_client(std::string_view data, WsProtocol proto, ClientMessage& out);
 
-}  // namespace kgate::gw
+}  // namespace kgate

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "gateway.hpp"
-#include "mcp_config.hpp"
+#include "kgate/client/http_client.hpp"
+#include "kgate/client/gateways_toml.hpp"
 
-namespace kgate::mcp {
+namespace kgate::client {
 
 struct RemoteSpec {
   std::string name;
@@ -98,4 +98,4 @@ json render_json(const RemoteListing& l);
 // message about an unknown name.
 std::string known_gateways_hint(const Config& cfg);
 
-}  // namespace kgate::mcp
+}  // namespace kgate::client

@@ -16,9 +16,9 @@
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 
-#include "gateway.hpp"
+#include "kgate/client/endpoint.hpp"
 
-namespace kgate::mcp::tls {
+namespace kgate::client::tls {
 
 namespace net = boost::asio;
 namespace ssl = boost::asio::ssl;
@@ -80,4 +80,4 @@ TlsStream* tls_layer(beast::websocket::stream<Next>& ws) {
   return tls_layer(ws.next_layer());
 }
 
-}  // namespace kgate::mcp::tls
+}  // namespace kgate::client::tls

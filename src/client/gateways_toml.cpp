@@ -1,5 +1,5 @@
 // kgate-mcp's configuration (see mcp_config.hpp).
-#include "mcp_config.hpp"
+#include "kgate/client/gateways_toml.hpp"
 
 #include <cctype>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
-namespace kgate::mcp {
+namespace kgate::client {
 
 namespace {
 
@@ -155,4 +155,4 @@ bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, s
   return parse_endpoint_url(g.url, ep, error);
 }
 
-}  // namespace kgate::mcp
+}  // namespace kgate::client

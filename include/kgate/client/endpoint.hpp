@@ -1,0 +1,40 @@
+// Where a gateway is: its URL (http, https or unix://), token and TLS settings.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kgate::client {
+
+// A gateway, resolved from `connect(host=...)` and gateways.toml.  The token is never logged.
+struct Endpoint {
+  std::string name;     // "" for the default gateway, else the gateways.toml name or the URL
+  std::string url;      // as configured
+  std::string scheme;   // "http", "https" (TLS, and wss:// for the websockets) or "unix"
+  std::string host;     // unix: "localhost" (the Host header)
+  std::string port;     // unix: ""
+  std::string socket_path;  // unix: the socket file
+  std::string base;     // the base path, ends with '/'
+  std::string token;
+  bool verify = true;   // https: check the certificate and the host name
+  std::string ca_file;  // https: trust this PEM bundle instead of the system store ("" = system)
+  bool is_default = false;
+  bool ipv6 = false;    // host is an IPv6 address (written in brackets in a URL and a Host header)
+  std::string display() const { return url; }
+  bool is_unix() const { return scheme == "unix"; }
+  // The HTTP Host header: host:port ([v6]:port), or localhost for a Unix socket.
+  std::string host_header() const {
+    return is_unix() ? host : (ipv6 ? "[" + host + "]" : host) + ":" + port;
+  }
+};
+
+// Parses http://host[:port][/base] (port 80), https://host[:port][/base] (port 443) or
+// unix:///absolute/path/to.sock (base "/"), by RFC 3986 (uriparser); false and `error` set if
+// it is not such a URL: a port outside 1-65535, a user name or password, a query or a fragment
+// is refused, never ignored.
+bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error);
+
+// RFC 3986 percent-encoding of a query value (every byte but unreserved characters).
+std::string percent_encode(std::string_view s);
+
+}  // namespace kgate::client

@@ -1,0 +1,111 @@
+// The one connect path of every client of a gateway (HTTP, the agent link, a kernel's channels,
+// the proxy kernel's link): resolve, connect (TCP with no Nagle, TLS with the peer checked, or a
+// Unix socket) and, for a websocket, the handshake with kgate's headers.  Private to src/client.
+#pragma once
+
+#include <errno.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+
+#include "kgate/client/endpoint.hpp"
+#include "kgate/client/tls_stream.hpp"
+#include "kgate/version.hpp"
+
+namespace kgate::client {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace ssl = net::ssl;
+using tcp = net::ip::tcp;
+
+// "<program>/<version>": kgate-mcp, or kgate (kernels, proxy-kernel).
+inline std::string user_agent() { return std::string(program_invocation_short_name) + "/" + KGATE_VERSION; }
+
+// A failed connect to a Unix socket as one sentence naming the path.
+inline std::string unix_connect_message(const Endpoint& ep, const beast::error_code& ec) {
+  std::string hint = ec == net::error::access_denied ? "the socket is its owner's only (mode 0600): run as kgate's user"
+                     : ec == net::error::connection_refused ? "nobody accepts on it: a stale socket; is kgate running?"
+                     : ec == beast::error::timeout ? "no answer: is kgate busy or stopped?"
+                                                   : "is kgate serving with --unix?";
+  return "cannot connect to " + ep.url + ": " + ec.message() + " (" + hint + ")";
+}
+
+// Resolves `ep`, connects the TCP layer of `s` (deadline `timeout`) and, when `s` is a TLS stream,
+// does the TLS handshake (deadline `timeout` again).  Then done(ec, open_error): `open_error`
+// names a failed handshake, else it is "".  The caller runs the io_context.
+template <class Stream>
+void async_open(Stream& s, tcp::resolver& resolver, const Endpoint& ep, std::chrono::milliseconds timeout,
+                std::function<void(beast::error_code, std::string)> done) {
+  resolver.async_resolve(ep.host, ep.port, [&s, &ep, timeout, done](beast::error_code rec,
+                                                                   tcp::resolver::results_type results) {
+    if (rec) return done(rec, "");
+    beast::get_lowest_layer(s).expires_after(timeout);
+    beast::get_lowest_layer(s).async_connect(results, [&s, &ep, timeout, done](beast::error_code cec,
+                                                                               const tcp::endpoint&) {
+      if (cec) return done(cec, "");
+      tls::TlsStream* t = tls::tls_layer(s);
+      if (!t) return done({}, "");
+      std::string error;
+      if (!tls::set_peer(*t, ep, error)) return done(net::error::invalid_argument, error);
+      beast::get_lowest_layer(s).expires_after(timeout);
+      t->async_handshake(ssl::stream_base::client, [t, &ep, timeout, done](beast::error_code hec) {
+        done(hec, hec ? tls::handshake_message(ep, *t, hec, timeout) : "");
+      });
+    });
+  });
+}
+
+// The same for a unix:// endpoint: connects to its socket path; `open_error` names the path.
+inline void async_open(tls::UnixStream& s, tcp::resolver&, const Endpoint& ep, std::chrono::milliseconds timeout,
+                std::function<void(beast::error_code, std::string)> done) {
+  s.expires_after(timeout);
+  s.async_connect(net::local::stream_protocol::endpoint(ep.socket_path),
+                  [&ep, done](beast::error_code ec) { done(ec, ec ? unix_connect_message(ep, ec) : ""); });
+}
+
+inline void set_no_delay(beast::tcp_stream& s) {
+  beast::error_code ignored;
+  s.socket().set_option(tcp::no_delay(true), ignored);
+}
+inline void set_no_delay(tls::UnixStream&) {}
+
+// Opens a websocket to `target` on `ep`: the transport (async_open, `timeout` per step), then
+// the handshake with kgate's User-Agent, the token and, when not empty, `subprotocol`.  Then
+// done(ec, open_error, protocol): `open_error` names a failed TLS handshake or Unix connect,
+// `protocol` is the subprotocol the server chose.  The caller sets the stream's options
+// (read_message_max, timeouts) and runs the io_context.
+template <class Ws>
+void async_open_websocket(Ws& ws, tcp::resolver& resolver, const Endpoint& ep, std::string target,
+                          std::string subprotocol, std::chrono::milliseconds timeout,
+                          std::function<void(beast::error_code, std::string, std::string)> done) {
+  async_open(ws.next_layer(), resolver, ep, timeout,
+             [&ws, &ep, target = std::move(target), subprotocol = std::move(subprotocol),
+              done](beast::error_code oec, std::string open_error) mutable {
+               if (oec) return done(oec, std::move(open_error), "");
+               set_no_delay(beast::get_lowest_layer(ws));
+               ws.set_option(websocket::stream_base::decorator([&ep, subprotocol](websocket::request_type& r) {
+                 r.set(http::field::user_agent, user_agent());
+                 if (!subprotocol.empty()) r.set(http::field::sec_websocket_protocol, subprotocol);
+                 if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
+               }));
+               auto res = std::make_shared<websocket::response_type>();
+               ws.async_handshake(*res, ep.host_header(), target, [&ws, res, done](beast::error_code hec) {
+                 if (hec) return done(hec, "", "");
+                 beast::get_lowest_layer(ws).expires_never();
+                 done({}, "", std::string((*res)[http::field::sec_websocket_protocol]));
+               });
+             });
+}
+
+}  // namespace kgate::client

@@ -1,0 +1,140 @@
+// The HTTP client of a gateway: a pool of keep-alive connections, each request on the caller's
+// thread with its own deadline.
+#include "kgate/client/http_client.hpp"
+
+#include "connect.hpp"
+
+namespace kgate::client {
+
+namespace {
+
+constexpr auto kConnectTimeout = std::chrono::seconds(5);
+constexpr std::size_t kMaxResponseBytes = 256u << 20;   // a notebook export can be large
+
+}  // namespace
+
+json HttpResult::json_body() const { return json::parse(body, nullptr, false); }
+
+std::string HttpResult::message() const {
+  if (status == 0) return error;
+  json j = json_body();
+  if (j.is_object() && j.contains("message") && j["message"].is_string()) return j["message"].get<std::string>();
+  return "HTTP " + std::to_string(status);
+}
+
+// ---------------------------------------------------------------------------------------
+// HttpClient
+
+struct HttpClient::Conn {
+  Conn(const Endpoint& ep, std::shared_ptr<ssl::context> tls) : stream(ep, std::move(tls), ioc) {}
+  net::io_context ioc{1};
+  tls::Stream stream;  // TCP, TLS over TCP, or a Unix socket
+  beast::flat_buffer buffer;
+  bool connected = false;
+};
+
+HttpClient::HttpClient(Endpoint ep) : ep_(std::move(ep)) { tls_ = tls::client_context(ep_, tls_error_); }
+HttpClient::~HttpClient() = default;
+
+std::unique_ptr<HttpClient::Conn> HttpClient::take() {
+  std::lock_guard lk(mu_);
+  if (idle_.empty()) return std::make_unique<Conn>(ep_, tls_);
+  auto c = std::move(idle_.back());
+  idle_.pop_back();
+  return c;
+}
+
+void HttpClient::give_back(std::unique_ptr<Conn> c) {
+  std::lock_guard lk(mu_);
+  if (idle_.size() < 4) idle_.push_back(std::move(c));
+}
+
+HttpResult HttpClient::request(const std::string& method, const std::string& path, const json* body,
+                               std::chrono::milliseconds timeout) {
+  HttpResult out;
+  if (!tls_error_.empty()) {
+    out.error = tls_error_;
+    return out;
+  }
+  http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
+  req.set(http::field::host, ep_.host_header());
+  req.set(http::field::user_agent, user_agent());
+  if (!ep_.token.empty()) req.set(http::field::authorization, "token " + ep_.token);
+  if (body) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body->dump();
+  }
+  req.keep_alive(true);
+  req.prepare_payload();
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto c = take();
+    bool reused = c->connected;
+    beast::error_code ec;
+    std::size_t response_bytes = 0;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBytes);
+    c->ioc.restart();
+    std::string tls_error;
+    auto do_exchange = [&] {
+      c->stream.visit([&](auto& s) {
+        beast::get_lowest_layer(s).expires_after(timeout + std::chrono::seconds(5));
+        http::async_write(s, req, [&, ps = &s](beast::error_code wec, std::size_t) {
+          if (wec) {
+            ec = wec;
+            return;
+          }
+          http::async_read(*ps, c->buffer, parser, [&](beast::error_code rec, std::size_t n) {
+            ec = rec;
+            response_bytes = n;
+          });
+        });
+      });
+    };
+    tcp::resolver resolver(c->ioc);  // outlives run(): destroying it would cancel the resolve
+    if (!c->connected) {
+      c->stream.visit([&](auto& s) {
+        async_open(s, resolver, ep_, kConnectTimeout, [&, ps = &s](beast::error_code oec, std::string terr) {
+          if (oec) {
+            ec = oec;
+            tls_error = std::move(terr);  // a failed handshake or Unix connect, named
+            return;
+          }
+          c->connected = true;
+          set_no_delay(beast::get_lowest_layer(*ps));
+          do_exchange();
+        });
+      });
+    } else {
+      do_exchange();
+    }
+    c->ioc.run();
+    if (!ec) {
+      auto& res = parser.get();
+      out.status = static_cast<int>(res.result_int());
+      out.body = std::move(res.body());
+      out.error.clear();
+      if (res.keep_alive()) give_back(std::move(c));
+      return out;
+    }
+    // A kept-alive connection the server had closed fails before any response: retry once on a
+    // fresh one (the request was not processed).
+    if (reused && response_bytes == 0 &&
+        (ec == http::error::end_of_stream || ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::error::eof || ec == ssl::error::stream_truncated) &&
+        attempt == 0)
+      continue;
+    out.status = 0;
+    if (!tls_error.empty())
+      out.error = tls_error;
+    else if (ec == beast::error::timeout)
+      out.error = "no answer from " + ep_.url + " within " + std::to_string(timeout.count() / 1000) + " s";
+    else if (ec == net::error::connection_refused)
+      out.error = "connection refused by " + ep_.url + " (is the gateway running?)";
+    else
+      out.error = ep_.url + ": " + ec.message();
+    return out;
+  }
+  return out;
+}
+}  // namespace kgate::client

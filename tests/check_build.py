@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""The build's structure, from compile_commands.json and the sources (ctest: build_structure).
+
+Fails (exit 1, naming each offence) when:
+  1. a translation unit of the project is compiled without include/kgate/beast_config.hpp forced
+     first: two definitions of Beast's websocket stream would then meet in one binary;
+  2. a source file is compiled into more than one target;
+  3. gateway/ includes anything from translator/, or translator/ from gateway/ (both use the
+     libraries under include/kgate/ and src/ only).
+Usage: check_build.py BUILD/compile_commands.json SOURCE_DIR
+"""
+import json
+import re
+import shlex
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def main() -> int:
+    db_path, src = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
+    db = json.loads(db_path.read_text())
+    forced = str(src / "include" / "kgate" / "beast_config.hpp")
+    problems = []
+    targets = defaultdict(set)
+    for entry in db:
+        file = Path(entry["directory"], entry["file"]).resolve()
+        if src not in file.parents:
+            continue
+        args = entry.get("arguments") or shlex.split(entry["command"])
+        rel = file.relative_to(src)
+        includes = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-include"]
+        if forced not in includes:
+            problems.append(f"{rel}: compiled without -include {forced} (one Beast configuration: cmake/Beast.cmake)")
+        out = args[args.index("-o") + 1] if "-o" in args else entry.get("output", "")
+        m = re.search(r"CMakeFiles/([^/]+)\.dir/", out)
+        targets[rel].add(m.group(1) if m else out)
+        for flag in args:
+            if flag.startswith("-I"):
+                inc = Path(flag[2:]).resolve()
+                for a, b in (("gateway", "translator"), ("translator", "gateway")):
+                    if rel.parts[0] == a and inc == src / b:
+                        problems.append(f"{rel}: compiled with {b}/ on its include path")
+    for rel, ts in sorted(targets.items()):
+        if len(ts) > 1:
+            problems.append(f"{rel}: compiled into {len(ts)} targets ({', '.join(sorted(ts))})")
+    if not targets:
+        problems.append(f"{db_path}: no translation unit of {src}")
+    include_re = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+    for a, b in (("gateway", "translator"), ("translator", "gateway")):
+        theirs = {p.name for p in (src / b).glob("*.[ch]pp")}
+        mine = {p.name for p in (src / a).glob("*.[ch]pp")}
+        for f in sorted((src / a).rglob("*.[ch]pp")):
+            for inc in include_re.findall(f.read_text(errors="replace")):
+                if f"{b}/" in inc or (inc in theirs and inc not in mine):
+                    problems.append(f"{f.relative_to(src)}: includes {inc} from {b}/")
+    for p in problems:
+        print(p)
+    print(f"check_build: {len(targets)} translation units, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
