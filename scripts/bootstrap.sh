@@ -7,7 +7,7 @@ PKGS=(
   libzmq3-dev cppzmq-dev nlohmann-json3-dev libboost-dev libboost-system-dev
   libssl-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libtomlplusplus-dev libxml2-dev
   python3-ipykernel python3-jupyter-client python3-jupyter-server python3-websocket
-  python3-zmq python3-pytest python3-pytest-timeout python3-nbformat python3-matplotlib python3-venv
+  python3-zmq python3-pytest python3-pytest-timeout python3-pytest-xdist python3-nbformat python3-matplotlib python3-venv
   jupyter-console python3-notebook chromium libstb-dev libsimdjson-dev procps
   python3-qtconsole python3-qtpy python3-pyqt5  # qtconsole: the attach command, and its widget test (offscreen)
   libsystemd-dev systemd openssl

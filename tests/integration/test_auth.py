@@ -104,9 +104,10 @@ def test_auth_scheme_is_case_insensitive_and_any_whitespace_follows(kgate_tok, h
     assert status == 200, (header, status, body)
 
 
-@pytest.mark.parametrize("header", ["token wrong", "Bearer wrong", "TOKEN  wrong", f"basic {TOKEN}",
-                                    f"tokens {TOKEN}", f"token{TOKEN}", TOKEN])
+@pytest.mark.parametrize("header", ["token wrong", "Bearer wrong", "TOKEN  wrong", "basic {}",
+                                    "tokens {}", "token{}", "{}"])
 def test_other_authorization_values_are_401(kgate_tok, header):
+    header = header.format(TOKEN)
     status, _, body = kgate_tok.rest("GET", "/api/kernelspecs", headers={"Authorization": header})
     assert status == 401, (header, status, body)
     assert TOKEN not in json.dumps(body), "a refusal names no token"
