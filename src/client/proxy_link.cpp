@@ -327,7 +327,9 @@ void Link::run() {
     push(std::move(up));
     net::post(ioc, [this, c] {
       start_read(c);
-      if (!c->outq.empty()) write_next(c);
+      // A send() between `conn_ = c` and this post has already started the writer: one
+      // async_write at a time (two at once trip Beast's assertion, or interleave frames).
+      if (!c->writing && !c->outq.empty()) write_next(c);
     });
     ioc.run();
     {
