@@ -598,17 +598,11 @@ std::string query_param(std::string_view query, std::string_view key) {
 }
 
 namespace {
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
 std::string_view trim_spaces(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return s;
-}
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
-  return true;
 }
 }  // namespace
 
@@ -634,8 +628,8 @@ std::string request_token(std::string_view target, std::string_view authorizatio
   std::string_view auth = trim_spaces(authorization);
   std::size_t scheme_end = 0;
   while (scheme_end < auth.size() && !is_space(auth[scheme_end])) ++scheme_end;
-  std::string_view scheme = auth.substr(0, scheme_end);
-  if (scheme_end == auth.size() || !(iequals(scheme, "token") || iequals(scheme, "bearer"))) return "";
+  const std::string scheme = lowercase(auth.substr(0, scheme_end));
+  if (scheme_end == auth.size() || (scheme != "token" && scheme != "bearer")) return "";
   return std::string(trim_spaces(auth.substr(scheme_end)));
 }
 
