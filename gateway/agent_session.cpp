@@ -16,16 +16,12 @@ AgentSession::AgentSession(Stream stream, Server& server, AgentRef agent)
     : ws_(to_websocket(std::move(stream))), server_(server), agent_(std::move(agent)) {}
 
 void AgentSession::run(http::request<http::string_body> req) {
-  std::visit(
-      [&](auto& ws) {
-        beast::get_lowest_layer(ws).expires_never();
-        ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
-        ws.set_option(websocket::stream_base::decorator(
-            [](websocket::response_type& res) { res.set(http::field::server, "kgate/" KGATE_VERSION); }));
-        ws.read_message_max(kMaxAgentMessage);
-        ws.async_accept(req, beast::bind_front_handler(&AgentSession::on_accept, shared_from_this()));
-      },
-      ws_);
+  ws_->expires_never();
+  ws_->set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+  ws_->set_option(websocket::stream_base::decorator(
+      [](websocket::response_type& res) { res.set(http::field::server, "kgate/" KGATE_VERSION); }));
+  ws_->read_message_max(kMaxAgentMessage);
+  ws_->async_accept(req, beast::bind_front_handler(&AgentSession::on_accept, shared_from_this()));
 }
 
 void AgentSession::on_accept(beast::error_code ec) {
@@ -40,19 +36,13 @@ void AgentSession::on_accept(beast::error_code ec) {
                 {"agent", agent_.agent},
                 {"claim_grace_seconds", server_.jobs().limits().claim_grace.count() / 1000.0}}
                .dump();
-  std::visit(
-      [&](auto& ws) {
-        ws.text(true);
-        ws.async_write(net::buffer(hello_), [self = shared_from_this()](beast::error_code, std::size_t) {});
-      },
-      ws_);
+  ws_->text(true);
+  ws_->async_write(net::buffer(hello_), [self = shared_from_this()](beast::error_code, std::size_t) {});
   do_read();
 }
 
 void AgentSession::do_read() {
-  std::visit(
-      [&](auto& ws) { ws.async_read(rbuf_, beast::bind_front_handler(&AgentSession::on_read, shared_from_this())); },
-      ws_);
+  ws_->async_read(rbuf_, beast::bind_front_handler(&AgentSession::on_read, shared_from_this()));
 }
 
 void AgentSession::on_read(beast::error_code ec, std::size_t) {
@@ -61,7 +51,7 @@ void AgentSession::on_read(beast::error_code ec, std::size_t) {
     server_.jobs().touch_agent(agent_);
     return do_read();
   }
-  auto code = std::visit([](auto& ws) { return ws.reason().code; }, ws_);
+  auto code = ws_->reason().code;
   bool clean = ec == websocket::error::closed && code == websocket::close_code::normal;
   if (connected_) {
     connected_ = false;

@@ -25,7 +25,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
   void do_read();
   void on_read(beast::error_code ec, std::size_t n);
 
-  Websocket ws_;  // over TCP, TLS or the Unix socket
+  std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Server& server_;
   AgentRef agent_;
   beast::flat_buffer rbuf_;

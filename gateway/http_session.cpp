@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "http_io.hpp"
 #include "agent_session.hpp"
 #include "listener.hpp"
 #include "redact.hpp"
@@ -88,12 +89,8 @@ void HttpSession::do_read() {
   parser_.emplace();
   parser_->body_limit(server_.options().max_body_bytes);
   parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
-  std::visit(
-      [&](auto& s) {
-        beast::get_lowest_layer(s).expires_after(kReadTimeout);
-        http::async_read(s, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
-      },
-      stream_);
+  std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
+  async_read_request(stream_, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
 }
 
 void HttpSession::on_read(beast::error_code ec, std::size_t) {
@@ -193,14 +190,11 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
 void HttpSession::write(Response res) {
   bool keep_alive = res.keep_alive();
   res_ = std::make_shared<Response>(std::move(res));
-  std::visit(
-      [&](auto& s) {
-        // A response may come long after the read (a wait of up to 600 s): give the write its
-        // own deadline rather than what is left of the read's.
-        beast::get_lowest_layer(s).expires_after(kReadTimeout);
-        http::async_write(s, *res_, beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
-      },
-      stream_);
+  // A response may come long after the read (a wait of up to 600 s): give the write its own
+  // deadline rather than what is left of the read's.
+  std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
+  async_write_response(stream_, *res_,
+                       beast::bind_front_handler(&HttpSession::on_write, shared_from_this(), keep_alive));
 }
 
 void HttpSession::on_write(bool keep_alive, beast::error_code ec, std::size_t) {

@@ -6,7 +6,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <boost/beast/websocket.hpp>
+
+#include "kgate/client/websocket.hpp"  // Beast's websocket stream itself is compiled in src/client only
 
 namespace kgate::gw {
 namespace net = boost::asio;

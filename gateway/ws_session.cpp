@@ -31,19 +31,15 @@ void WsSession::run(http::request<http::string_body> req) {
     pos = comma + 1;
   }
   proto_ = v1 ? WsProtocol::v1 : WsProtocol::legacy;
-  std::visit(
-      [&](auto& ws) {
-        beast::get_lowest_layer(ws).expires_never();
-        ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
-        ws.set_option(websocket::stream_base::decorator([v1](websocket::response_type& res) {
-          res.set(http::field::server, "kgate/" KGATE_VERSION);
-          if (v1) res.set(http::field::sec_websocket_protocol, kV1Protocol);
-        }));
-        ws.read_message_max(server_.options().max_ws_message_bytes);
-        ws.auto_fragment(false);
-        ws.async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this()));
-      },
-      ws_);
+  ws_->expires_never();
+  ws_->set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
+  ws_->set_option(websocket::stream_base::decorator([v1](websocket::response_type& res) {
+    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    if (v1) res.set(http::field::sec_websocket_protocol, kV1Protocol);
+  }));
+  ws_->read_message_max(server_.options().max_ws_message_bytes);
+  ws_->auto_fragment(false);
+  ws_->async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this()));
 }
 
 void WsSession::on_accept(beast::error_code ec) {
@@ -66,8 +62,7 @@ void WsSession::on_accept(beast::error_code ec) {
 }
 
 void WsSession::do_read() {
-  std::visit([&](auto& ws) { ws.async_read(rbuf_, beast::bind_front_handler(&WsSession::on_read, shared_from_this())); },
-             ws_);
+  ws_->async_read(rbuf_, beast::bind_front_handler(&WsSession::on_read, shared_from_this()));
 }
 
 void WsSession::on_read(beast::error_code ec, std::size_t) {
@@ -152,12 +147,8 @@ void WsSession::do_write() {
   if (queue_.empty() || closing_) return;
   writing_ = true;
   const WsFrame& f = queue_.front()->frame(proto_);
-  std::visit(
-      [&](auto& ws) {
-        ws.binary(f.binary);
-        ws.async_write(net::buffer(f.data), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
-      },
-      ws_);
+  ws_->binary(f.binary);
+  ws_->async_write(net::buffer(f.data), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
 }
 
 void WsSession::on_write(beast::error_code ec, std::size_t) {
@@ -222,12 +213,8 @@ void WsSession::close(websocket::close_code code, const std::string& reason) {
   }
   if (writing_) return;  // on_write calls back here once the write in flight is done
   close_sent_ = true;
-  std::visit(
-      [&](auto& ws) {
-        ws.async_close(websocket::close_reason(close_code_, close_reason_),
-                       [self = shared_from_this()](beast::error_code) { self->finish(); });
-      },
-      ws_);
+  ws_->async_close(websocket::close_reason(close_code_, close_reason_),
+                   [self = shared_from_this()](beast::error_code) { self->finish(); });
 }
 
 void WsSession::finish() {
@@ -239,8 +226,7 @@ void WsSession::finish() {
     unsent = take_unsent();
   }
   if (counted_) server_.hub().detach(kernel_, this, route_, std::move(unsent));
-  beast::error_code ec;
-  std::visit([&](auto& ws) { beast::get_lowest_layer(ws).socket().close(ec); }, ws_);
+  ws_->close_transport();
   spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);
 }
 

@@ -44,7 +44,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void close(websocket::close_code code, const std::string& reason);
   void finish();  // detach from the hub exactly once
 
-  Websocket ws_;  // over TCP, TLS or the Unix socket
+  std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Server& server_;
   KernelPtr kernel_;
   std::string session_id_;

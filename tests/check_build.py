@@ -6,7 +6,12 @@ Fails (exit 1, naming each offence) when:
      first: two definitions of Beast's websocket stream would then meet in one binary;
   2. a source file is compiled into more than one target;
   3. gateway/ includes anything from translator/, or translator/ from gateway/ (both use the
-     libraries under include/kgate/ and src/ only).
+     libraries under include/kgate/ and src/ only);
+  4. a file other than src/client/websocket_impl.hpp includes Beast's websocket stream
+     (<boost/beast/websocket.hpp>, or .../websocket/stream.hpp or ssl.hpp), or a unit other than
+     src/client/websocket_*.cpp includes websocket_impl.hpp or websocket_ops.hpp: the stream's
+     state machines are compiled there, once per transport, and nowhere else (compile time: each
+     unit that instantiated them took 60-100 s).
 Usage: check_build.py BUILD/compile_commands.json SOURCE_DIR
 """
 import json
@@ -54,6 +59,16 @@ def main() -> int:
             for inc in include_re.findall(f.read_text(errors="replace")):
                 if f"{b}/" in inc or (inc in theirs and inc not in mine):
                     problems.append(f"{f.relative_to(src)}: includes {inc} from {b}/")
+    stream_re = re.compile(r'^\s*#\s*include\s*<boost/beast/websocket(\.hpp|/stream\.hpp|/ssl\.hpp)>', re.M)
+    impl_re = re.compile(r'^\s*#\s*include\s*"(websocket_impl|websocket_ops)\.hpp"', re.M)
+    for f in sorted(p for d in ("include", "src", "gateway", "translator", "tests", "bench") for p in (src / d).rglob("*.[ch]pp")):
+        rel = f.relative_to(src)
+        text = f.read_text(errors="replace")
+        if stream_re.search(text) and str(rel) not in ("src/client/websocket_impl.hpp", "src/boost_impl.cpp"):
+            problems.append(f"{rel}: includes Beast's websocket stream (use kgate/client/websocket.hpp)")
+        m = impl_re.search(text)
+        if m and not (rel.parent == Path("src/client") and rel.name.startswith("websocket_")):
+            problems.append(f"{rel}: includes {m.group(1)}.hpp (only src/client/websocket_*.cpp compile the stream)")
     for p in problems:
         print(p)
     print(f"check_build: {len(targets)} translation units, {len(problems)} problem(s)")

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "connect.hpp"
+#include "kgate/client/websocket.hpp"
 
 namespace kgate::client {
 
@@ -47,16 +48,17 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
   auto backoff = std::chrono::milliseconds(200);
   while (!stopping_) {
     net::io_context ioc{1};
-    tls::Websocket wsock(ep, tls_ctx, ioc);
+    auto wsock = Websocket::client(ep, tls_ctx, ioc);
     beast::flat_buffer buf;
     tcp::resolver resolver(ioc);
     std::string target = ep.base + "api/kgate/agent?agent=" + percent_encode(agent) + "&label=" + percent_encode(label);
     beast::error_code ec;
     tls_error.clear();
     bool up = false;
-    wsock.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+    {  // runs the loop: `ws` outlives every handler
+      Websocket& ws = *wsock;
       std::function<void()> read;  // lives as long as the loop runs its reads
-      async_open_websocket(ws, resolver, ep, target, "", kConnectTimeout,
+      ws.async_open(resolver, ep, target, "", kConnectTimeout,
                            [&](beast::error_code oec, std::string terr, std::string) {
         if (oec) {
           ec = oec;
@@ -86,7 +88,7 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
       ioc.run();
       std::lock_guard lk(mu_);
       close_ = nullptr;
-    });
+    }
     connected_ = false;
     if (stopping_) break;
     if (!up) spdlog::debug("agent link to {}: {}", ep.url, tls_error.empty() ? ec.message() : tls_error);

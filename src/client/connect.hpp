@@ -1,6 +1,6 @@
-// The one connect path of every client of a gateway (HTTP, the agent link, a kernel's channels,
-// the proxy kernel's link): resolve, connect (TCP with no Nagle, TLS with the peer checked, or a
-// Unix socket) and, for a websocket, the handshake with kgate's headers.  Private to src/client.
+// The one connect path of every client of a gateway (HTTP, and the websockets of websocket_impl.hpp):
+// resolve, connect (TCP with no Nagle, TLS with the peer checked, or a Unix socket).  Private to
+// src/client.
 #pragma once
 
 #include <errno.h>
@@ -14,7 +14,6 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <boost/beast/websocket.hpp>
 
 #include "kgate/client/endpoint.hpp"
 #include "kgate/client/tls_stream.hpp"
@@ -79,33 +78,5 @@ inline void set_no_delay(beast::tcp_stream& s) {
   s.socket().set_option(tcp::no_delay(true), ignored);
 }
 inline void set_no_delay(tls::UnixStream&) {}
-
-// Opens a websocket to `target` on `ep`: the transport (async_open, `timeout` per step), then
-// the handshake with kgate's User-Agent, the token and, when not empty, `subprotocol`.  Then
-// done(ec, open_error, protocol): `open_error` names a failed TLS handshake or Unix connect,
-// `protocol` is the subprotocol the server chose.  The caller sets the stream's options
-// (read_message_max, timeouts) and runs the io_context.
-template <class Ws>
-void async_open_websocket(Ws& ws, tcp::resolver& resolver, const Endpoint& ep, std::string target,
-                          std::string subprotocol, std::chrono::milliseconds timeout,
-                          std::function<void(beast::error_code, std::string, std::string)> done) {
-  async_open(ws.next_layer(), resolver, ep, timeout,
-             [&ws, &ep, target = std::move(target), subprotocol = std::move(subprotocol),
-              done](beast::error_code oec, std::string open_error) mutable {
-               if (oec) return done(oec, std::move(open_error), "");
-               set_no_delay(beast::get_lowest_layer(ws));
-               ws.set_option(websocket::stream_base::decorator([&ep, subprotocol](websocket::request_type& r) {
-                 r.set(http::field::user_agent, user_agent());
-                 if (!subprotocol.empty()) r.set(http::field::sec_websocket_protocol, subprotocol);
-                 if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
-               }));
-               auto res = std::make_shared<websocket::response_type>();
-               ws.async_handshake(*res, ep.host_header(), target, [&ws, res, done](beast::error_code hec) {
-                 if (hec) return done(hec, "", "");
-                 beast::get_lowest_layer(ws).expires_never();
-                 done({}, "", std::string((*res)[http::field::sec_websocket_protocol]));
-               });
-             });
-}
 
 }  // namespace kgate::client

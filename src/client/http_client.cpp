@@ -2,7 +2,7 @@
 // thread with its own deadline.
 #include "kgate/client/http_client.hpp"
 
-#include "connect.hpp"
+#include "http_exchange.hpp"
 
 namespace kgate::client {
 
@@ -70,45 +70,14 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto c = take();
     bool reused = c->connected;
-    beast::error_code ec;
-    std::size_t response_bytes = 0;
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxResponseBytes);
     c->ioc.restart();
-    std::string tls_error;
-    auto do_exchange = [&] {
-      c->stream.visit([&](auto& s) {
-        beast::get_lowest_layer(s).expires_after(timeout + std::chrono::seconds(5));
-        http::async_write(s, req, [&, ps = &s](beast::error_code wec, std::size_t) {
-          if (wec) {
-            ec = wec;
-            return;
-          }
-          http::async_read(*ps, c->buffer, parser, [&](beast::error_code rec, std::size_t n) {
-            ec = rec;
-            response_bytes = n;
-          });
-        });
-      });
-    };
     tcp::resolver resolver(c->ioc);  // outlives run(): destroying it would cancel the resolve
-    if (!c->connected) {
-      c->stream.visit([&](auto& s) {
-        async_open(s, resolver, ep_, kConnectTimeout, [&, ps = &s](beast::error_code oec, std::string terr) {
-          if (oec) {
-            ec = oec;
-            tls_error = std::move(terr);  // a failed handshake or Unix connect, named
-            return;
-          }
-          c->connected = true;
-          set_no_delay(beast::get_lowest_layer(*ps));
-          do_exchange();
-        });
-      });
-    } else {
-      do_exchange();
-    }
+    Exchange x{ep_, req, parser, c->buffer, timeout, kConnectTimeout, c->connected, {}, 0, {}};
+    c->stream.visit([&](auto& s) { start_exchange(s, resolver, x); });
     c->ioc.run();
+    const beast::error_code& ec = x.ec;
     if (!ec) {
       auto& res = parser.get();
       out.status = static_cast<int>(res.result_int());
@@ -119,14 +88,14 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
     }
     // A kept-alive connection the server had closed fails before any response: retry once on a
     // fresh one (the request was not processed).
-    if (reused && response_bytes == 0 &&
+    if (reused && x.response_bytes == 0 &&
         (ec == http::error::end_of_stream || ec == net::error::connection_reset || ec == net::error::broken_pipe ||
          ec == net::error::eof || ec == ssl::error::stream_truncated) &&
         attempt == 0)
       continue;
     out.status = 0;
-    if (!tls_error.empty())
-      out.error = tls_error;
+    if (!x.open_error.empty())
+      out.error = x.open_error;
     else if (ec == beast::error::timeout)
       out.error = "no answer from " + ep_.url + " within " + std::to_string(timeout.count() / 1000) + " s";
     else if (ec == net::error::connection_refused)

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "connect.hpp"
+#include "kgate/client/websocket.hpp"
 
 namespace kgate::client {
 
@@ -17,12 +18,31 @@ constexpr std::size_t kMaxWsMessageBytes = 256u << 20;
 // KernelChannel
 
 struct KernelChannel::Impl {
-  Impl(const Endpoint& ep, std::shared_ptr<ssl::context> tls) : ws(ep, std::move(tls), ioc) {}
+  Impl(const Endpoint& ep, std::shared_ptr<ssl::context> tls) : ws(Websocket::client(ep, std::move(tls), ioc)) {}
   net::io_context ioc{1};
-  tls::Websocket ws;  // over TCP, over TLS, or over a Unix socket
+  std::unique_ptr<Websocket> ws;  // over TCP, over TLS, or over a Unix socket
   beast::flat_buffer buf;
-  std::deque<std::string> outq;
+  std::deque<std::string> outq;  // the front is being written while `writing`
   bool writing = false;
+
+  // Writes the queue's front, then the next, one async_write at a time (on the loop's thread).
+  static void write_next(const std::shared_ptr<Impl>& impl) {
+    if (impl->outq.empty()) {
+      impl->writing = false;
+      return;
+    }
+    impl->writing = true;
+    impl->ws->text(true);
+    impl->ws->async_write(net::buffer(impl->outq.front()), [impl](beast::error_code ec, std::size_t) {
+      impl->outq.pop_front();
+      if (ec) {
+        impl->outq.clear();
+        impl->writing = false;
+        return;
+      }
+      write_next(impl);
+    });
+  }
 };
 
 KernelChannel::~KernelChannel() { close(); }
@@ -43,9 +63,10 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
   beast::error_code ec;
   bool up = false;
   tcp::resolver resolver(impl->ioc);
-  impl->ws.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+  {
+    Websocket& ws = *impl->ws;
     ws.read_message_max(kMaxWsMessageBytes);
-    async_open_websocket(ws, resolver, ep, target, "", timeout,
+    ws.async_open(resolver, ep, target, "", timeout,
                          [&](beast::error_code oec, std::string terr, std::string) {
       if (oec) {
         ec = oec;
@@ -56,7 +77,7 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
       up = true;
     });
     impl->ioc.run();
-  });
+  }
   if (!up) {
     error = "cannot open the kernel's websocket: " + (tls_error.empty() ? ec.message() : tls_error);
     impl_.reset();
@@ -70,7 +91,8 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
 
 void KernelChannel::reader() {
   auto impl = impl_;
-  impl->ws.visit([&](auto& ws) {  // runs the loop: `ws` outlives every handler
+  {  // runs the loop: `ws` outlives every handler
+    Websocket& ws = *impl->ws;
     std::function<void()> read;
     read = [&] {
       ws.async_read(impl->buf, [&](beast::error_code ec, std::size_t) {
@@ -86,7 +108,7 @@ void KernelChannel::reader() {
     };
     read();
     impl->ioc.run();
-  });
+  }
   open_ = false;
   cv_.notify_all();
 }
@@ -95,9 +117,7 @@ void KernelChannel::close() {
   if (!impl_) return;
   auto impl = impl_;
   net::post(impl->ioc, [impl] {
-    impl->ws.visit([&](auto& ws) {
-      ws.async_close(websocket::close_code::normal, [impl](beast::error_code) { impl->ioc.stop(); });
-    });
+    impl->ws->async_close(websocket::close_code::normal, [impl](beast::error_code) { impl->ioc.stop(); });
   });
   if (thread_.joinable()) {
     // A peer that never answers the close: stop the loop after a second.
@@ -124,28 +144,7 @@ bool KernelChannel::send(const std::string& channel, const json& msg) {
   net::post(impl->ioc, [impl, text = m.dump()]() mutable {
     impl->outq.push_back(std::move(text));
     if (impl->writing) return;
-    std::function<void()> next;
-    auto write_next = std::make_shared<std::function<void()>>();
-    *write_next = [impl, write_next] {
-      if (impl->outq.empty()) {
-        impl->writing = false;
-        return;
-      }
-      impl->writing = true;
-      impl->ws.visit([&](auto& ws) {
-        ws.text(true);
-        ws.async_write(net::buffer(impl->outq.front()), [impl, write_next](beast::error_code ec, std::size_t) {
-          impl->outq.pop_front();
-          if (ec) {
-            impl->outq.clear();
-            impl->writing = false;
-            return;
-          }
-          (*write_next)();
-        });
-      });
-    };
-    (*write_next)();
+    Impl::write_next(impl);
   });
   return true;
 }

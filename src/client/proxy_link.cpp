@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include <boost/beast/websocket/ssl.hpp>
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
 #include "connect.hpp"
+#include "kgate/client/websocket.hpp"
 #include "kgate/ws_codec.hpp"
 
 namespace kgate::client::proxy {
@@ -38,9 +38,9 @@ std::string auth_hint(const kgate::client::Endpoint& ep) {
 
 struct Link::Conn {
   Conn(const kgate::client::Endpoint& ep, std::shared_ptr<ssl::context> tls, net::io_context& io)
-      : ioc(io), ws(ep, std::move(tls), io) {}
+      : ioc(io), ws(Websocket::client(ep, std::move(tls), io)) {}
   net::io_context& ioc;
-  tls::Websocket ws;
+  std::unique_ptr<Websocket> ws;  // over TCP, over TLS, or over a Unix socket
   beast::flat_buffer buf;
   std::deque<std::string> outq;  // ioc thread only; the front is being written
   bool writing = false;
@@ -79,12 +79,10 @@ bool Link::stop(std::chrono::milliseconds grace) {
       auto c = conn_;
       net::post(c->ioc, [c] {
         if (c->dead) return;
-        c->ws.visit([&](auto& ws) {
-          ws.async_close(websocket::close_code::normal, [c](beast::error_code) {
-            c->dead = true;
-            c->guard.reset();
-            c->ioc.stop();
-          });
+        c->ws->async_close(websocket::close_code::normal, [c](beast::error_code) {
+          c->dead = true;
+          c->guard.reset();
+          c->ioc.stop();
         });
       });
     }
@@ -356,9 +354,10 @@ bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, st
   std::string open_error;
   std::string protocol;
   bool up = false;
-  c->ws.visit([&](auto& ws) {
+  {
+    Websocket& ws = *c->ws;
     ws.read_message_max(opts_.limits.max_ws_message_bytes);
-    async_open_websocket(ws, resolver, ep, target, std::string(kV1Protocol), kWsOpenTimeout,
+    ws.async_open(resolver, ep, target, std::string(kV1Protocol), kWsOpenTimeout,
                          [&](beast::error_code oec, std::string oerr, std::string chosen) {
         if (oec) {
           ec = oec;
@@ -375,7 +374,7 @@ bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, st
         up = true;
     });
     c->ioc.run();
-  });
+  }
   if (!up) {
     if (!open_error.empty()) error = open_error;
     else if (ec == websocket::error::upgrade_declined) error = "the gateway declined the websocket (is the kernel gone?)";
@@ -385,11 +384,9 @@ bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, st
   }
   if (protocol != kV1Protocol) {
     error = "the gateway does not speak the " + std::string(kV1Protocol) + " websocket protocol";
-    c->ws.visit([&](auto& ws) {
-      ws.async_close(websocket::close_code::normal, [](beast::error_code) {});
-      c->ioc.restart();
-      c->ioc.run_for(1s);
-    });
+    c->ws->async_close(websocket::close_code::normal, [](beast::error_code) {});
+    c->ioc.restart();
+    c->ioc.run_for(1s);
     return false;
   }
   return true;
@@ -404,7 +401,8 @@ void Link::fail(const std::shared_ptr<Conn>& c) {
 
 void Link::start_read(const std::shared_ptr<Conn>& c) {
   if (c->dead) return;
-  c->ws.visit([&](auto& ws) {
+  {
+    Websocket& ws = *c->ws;
     ws.async_read(c->buf, [this, c, &ws](beast::error_code ec, std::size_t) {
       if (ec) {
         if (ec != websocket::error::closed && ec != net::error::operation_aborted)
@@ -431,7 +429,7 @@ void Link::start_read(const std::shared_ptr<Conn>& c) {
       }
       start_read(c);
     });
-  });
+  }
 }
 
 void Link::write_next(const std::shared_ptr<Conn>& c) {
@@ -440,7 +438,8 @@ void Link::write_next(const std::shared_ptr<Conn>& c) {
     return;
   }
   c->writing = true;
-  c->ws.visit([&](auto& ws) {
+  {
+    Websocket& ws = *c->ws;
     ws.binary(true);
     ws.async_write(net::buffer(c->outq.front()), [this, c](beast::error_code ec, std::size_t) {
       if (ec) {
@@ -455,7 +454,7 @@ void Link::write_next(const std::shared_ptr<Conn>& c) {
       c->outq.pop_front();
       write_next(c);
     });
-  });
+  }
 }
 
 }  // namespace kgate::client::proxy

@@ -13,8 +13,6 @@
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
-#include <boost/beast/websocket.hpp>
-#include <boost/beast/websocket/ssl.hpp>
 
 #include "kgate/client/endpoint.hpp"
 
@@ -68,16 +66,10 @@ class Either {
 };
 
 using Stream = Either<beast::tcp_stream, TlsStream, UnixStream>;
-using Websocket = Either<beast::websocket::stream<beast::tcp_stream>, beast::websocket::stream<TlsStream>,
-                         beast::websocket::stream<UnixStream>>;
 
 // The TLS layer under a stream, or null for plain TCP and Unix sockets.
 inline TlsStream* tls_layer(beast::tcp_stream&) { return nullptr; }
 inline TlsStream* tls_layer(UnixStream&) { return nullptr; }
 inline TlsStream* tls_layer(TlsStream& s) { return &s; }
-template <class Next>
-TlsStream* tls_layer(beast::websocket::stream<Next>& ws) {
-  return tls_layer(ws.next_layer());
-}
 
 }  // namespace kgate::client::tls

@@ -1,0 +1,19 @@
+// Reading a request and writing a response on any of the gateway's streams (stream.hpp), as
+// functions that are not templates: Beast's HTTP parser and serializer are compiled once per
+// transport, in http_read.cpp and http_write.cpp, not in every unit that serves HTTP.
+#pragma once
+
+#include <functional>
+
+#include "stream.hpp"
+
+namespace kgate::gw {
+
+using IoHandler = std::function<void(beast::error_code, std::size_t)>;
+
+// http::async_read / http::async_write over `s`; the caller sets the deadline.
+void async_read_request(Stream& s, beast::flat_buffer& buf, http::request_parser<http::string_body>& parser,
+                        IoHandler done);
+void async_write_response(Stream& s, const http::response<http::string_body>& res, IoHandler done);
+
+}  // namespace kgate::gw

@@ -1,0 +1,57 @@
+// Websocket (include/kgate/client/websocket.hpp) over one transport: Beast's websocket::stream,
+// its operations compiled once per transport: websocket_tcp.cpp, websocket_unix.cpp, and for TLS
+// (the heaviest) websocket_tls.cpp, websocket_tls_io.cpp and websocket_tls_handshake.cpp.
+// Private to src/client.
+#pragma once
+
+#include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
+
+#include "connect.hpp"
+#include "kgate/client/websocket.hpp"
+
+namespace kgate::client {
+
+template <class Next>
+class WebsocketOver final : public Websocket {
+ public:
+  // `tls` (a client's TLS context, or null) is kept for as long as the stream that points at it.
+  template <class... Args>
+  explicit WebsocketOver(std::shared_ptr<ssl::context> tls, Args&&... args)
+      : tls_(std::move(tls)), ws_(std::forward<Args>(args)...) {}
+
+  void read_message_max(std::size_t bytes) override { ws_.read_message_max(bytes); }
+  void auto_fragment(bool on) override { ws_.auto_fragment(on); }
+  void set_option(const websocket::stream_base::timeout& t) override { ws_.set_option(t); }
+  void set_option(websocket::stream_base::decorator d) override { ws_.set_option(std::move(d)); }
+  void text(bool on) override { ws_.text(on); }
+  void binary(bool on) override { ws_.binary(on); }
+  bool got_text() const override { return ws_.got_text(); }
+  bool got_binary() const override { return ws_.got_binary(); }
+  const websocket::close_reason& reason() const override { return ws_.reason(); }
+
+  // The operations: declared here, defined in websocket_ops.hpp, which only the units that
+  // compile them include (the TLS stream's are split over two units).
+  void async_read(beast::flat_buffer& buf, IoHandler done) override;
+  void async_write(net::const_buffer data, IoHandler done) override;
+  void async_close(const websocket::close_reason& why, Handler done) override;
+  void async_accept(const http::request<http::string_body>& req, Handler done) override;
+  void expires_never() override { beast::get_lowest_layer(ws_).expires_never(); }
+  void close_transport() override {
+    beast::error_code ignored;
+    beast::get_lowest_layer(ws_).socket().close(ignored);
+  }
+  void async_open(tcp::resolver& resolver, const Endpoint& ep, std::string target, std::string subprotocol,
+                  std::chrono::milliseconds timeout, OpenHandler done) override;
+
+ private:
+  std::shared_ptr<ssl::context> tls_;
+  websocket::stream<Next> ws_;
+};
+
+// Not connected client sockets, one per unit.
+std::unique_ptr<Websocket> tcp_client(net::io_context& ioc);
+std::unique_ptr<Websocket> tls_client(std::shared_ptr<ssl::context> tls, net::io_context& ioc);
+std::unique_ptr<Websocket> unix_client(net::io_context& ioc);
+
+}  // namespace kgate::client
