@@ -2,7 +2,6 @@
 #include "service.hpp"
 
 #include <pwd.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,10 +25,10 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "kgate/process.hpp"
 #include "launchd_plist.hpp"
 #include "systemd_unit.hpp"
 
-extern char** environ;
 
 namespace kgate::gw {
 namespace fs = std::filesystem;
@@ -38,6 +37,7 @@ namespace {
 
 constexpr std::string_view kUnitName = "kgate.service";
 constexpr std::string_view kLaunchdLabel = "org.kgate.kgate";
+constexpr std::chrono::seconds kRunTimeout{120};  // systemctl or launchctl: a hung one is stopped
 
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -173,18 +173,27 @@ bool on_path(const std::string& cmd) {
   }
 }
 
-// Runs argv with our stdin/stdout/stderr; its exit status, or -1 if it could not start.
+// Runs argv (run(): no shell, stdin /dev/null) writing to our stdout and stderr; its exit
+// status, 128+N for signal N, or -1 (and why, on `out`) if it could not start or took over
+// kRunTimeout.
 int run(const std::vector<std::string>& argv, std::ostream& out) {
   out << "running: " << join(argv) << std::endl;
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  if (::posix_spawnp(&pid, args[0], nullptr, nullptr, args.data(), environ) != 0) return -1;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  RunOptions o;
+  o.argv = argv;
+  o.env = current_environment();
+  o.cwd = fs::current_path();
+  o.capture = false;
+  o.timeout = kRunTimeout;
+  const RunResult r = kgate::run(o);  // not this file's run()
+  if (!r.started()) {
+    out << "cannot run " << argv[0] << ": " << r.spawn_error << std::endl;
+    return -1;
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  if (r.timed_out) {
+    out << argv[0] << " did not finish within " << kRunTimeout.count() << " s: stopped" << std::endl;
+    return -1;
+  }
+  return WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + (WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0);
 }
 
 // Writes `text` to `path` with `mode` by a rename, so a reader never sees half a file.

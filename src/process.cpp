@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -27,7 +28,7 @@ namespace kgate {
 namespace {
 
 // What the child was doing when it failed; sent to the parent ahead of errno.
-enum ChildStage : int { kStageChdir = 1, kStageStdin = 2, kStageExec = 3 };
+enum ChildStage : int { kStageChdir = 1, kStageStdin = 2, kStageExec = 3, kStageStdout = 4 };
 
 struct ChildError {
   int stage;
@@ -117,6 +118,12 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   const bool do_chdir = !cwd.empty();
   const bool die_with_parent = opts.die_with_parent;
   const pid_t parent_pid = ::getpid();
+  const int out_fd = opts.stdout_fd;
+  const int errfd = opts.stderr_fd;
+  for (int fd : {out_fd, errfd}) {
+    if (fd >= 0 && fd <= 2)
+      throw std::system_error(EINVAL, std::generic_category(), "cannot launch " + argv0 + " (an output fd below 3)");
+  }
 
   sigset_t empty_mask;
   sigemptyset(&empty_mask);
@@ -160,9 +167,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
       if (::getppid() != parent_pid) ::_exit(127);  // the parent already died
     }
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
-    ::sigaction(SIGINT, &dfl, nullptr);
-    ::sigaction(SIGTERM, &dfl, nullptr);
-    ::sigaction(SIGPIPE, &dfl, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP, SIGQUIT}) ::sigaction(sig, &dfl, nullptr);
     // Nothing else the daemon holds open should leak into the kernel.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     if (do_chdir && ::chdir(cwd.c_str()) != 0) child_fail(err_w, kStageChdir);
@@ -172,6 +177,8 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
       if (::dup2(devnull, STDIN_FILENO) < 0) child_fail(err_w, kStageStdin);
       ::close(devnull);
     }
+    if (out_fd >= 0 && ::dup2(out_fd, STDOUT_FILENO) < 0) child_fail(err_w, kStageStdout);
+    if (errfd >= 0 && ::dup2(errfd, STDERR_FILENO) < 0) child_fail(err_w, kStageStdout);
     ::execve(exec_path.c_str(), argv_ptrs.data(), envp.data());
     child_fail(err_w, kStageExec);
   }
@@ -202,6 +209,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
     switch (got == sizeof ce ? ce.stage : 0) {
       case kStageChdir: what += " (chdir to " + cwd + ")"; break;
       case kStageStdin: what += " (/dev/null as stdin)"; break;
+      case kStageStdout: what += " (its stdout or stderr)"; break;
       case kStageExec: break;
       default: what += " (child setup)"; break;
     }
@@ -289,6 +297,138 @@ std::string ChildProcess::describe_exit() const {
     return s;
   }
   return "ended with status " + std::to_string(status_);
+}
+
+namespace {
+
+constexpr std::size_t kStderrHead = 1024;
+constexpr std::size_t kStderrTail = 2048;
+
+// A CLOEXEC pipe whose ends are both >= 3 (a daemon started with a closed stdio gets low fds).
+bool output_pipe(int (&p)[2]) {
+  if (::pipe2(p, O_CLOEXEC) != 0) return false;
+  for (int& fd : p) {
+    if (fd > 2) continue;
+    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    ::close(fd);
+    fd = moved;
+    if (moved < 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+RunResult run(const RunOptions& opts) {
+  RunResult r;
+  int outp[2] = {-1, -1}, errp[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int* fd : {&outp[0], &outp[1], &errp[0], &errp[1]}) close_fd(*fd);
+  };
+  if (opts.capture && (!output_pipe(outp) || !output_pipe(errp))) {
+    r.spawn_errno = errno ? errno : EMFILE;
+    r.spawn_error = std::string("pipe: ") + std::strerror(r.spawn_errno);
+    close_all();
+    return r;
+  }
+  LaunchOptions lo;
+  lo.argv = opts.argv;
+  lo.env = opts.env;
+  lo.cwd = opts.cwd;
+  lo.die_with_parent = true;
+  lo.stdout_fd = outp[1];
+  lo.stderr_fd = errp[1];
+  ChildProcess child;
+  try {
+    child = ChildProcess::launch(lo);
+  } catch (const std::system_error& e) {
+    r.spawn_errno = e.code().value() ? e.code().value() : EIO;
+    r.spawn_error = std::strerror(r.spawn_errno);
+    close_all();
+    return r;
+  }
+  close_fd(outp[1]);
+  close_fd(errp[1]);
+  const pid_t pid = child.pid();
+  const int pidfd = child.exit_fd();  // -1: poll for the exit instead
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + opts.timeout;
+  std::optional<clock::time_point> exited_at;
+  // WNOWAIT: the child stays unreaped until the group is killed below.
+  auto child_exited = [pid] {
+    siginfo_t info{};
+    return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
+  };
+  // Read both pipes until both are at EOF and the child has exited, or the deadline.
+  char buf[8192];
+  for (;;) {
+    const bool pipes_open = outp[0] >= 0 || errp[0] >= 0;
+    if (!exited_at && (pidfd < 0 || !pipes_open) && child_exited()) exited_at = clock::now();
+    if (!pipes_open && exited_at) break;
+    const auto now = clock::now();
+    if (!exited_at && now >= deadline) {
+      r.timed_out = true;
+      break;
+    }
+    if (exited_at && now >= *exited_at + opts.exit_grace) break;
+    const auto until = exited_at ? *exited_at + opts.exit_grace : deadline;
+    auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
+    if (pidfd < 0 && !exited_at) wait_ms = std::min<long long>(wait_ms, 20);
+    pollfd pfds[3];
+    nfds_t n = 0;
+    int out_i = -1, err_i = -1, pid_i = -1;
+    if (outp[0] >= 0) {
+      out_i = static_cast<int>(n);
+      pfds[n++] = {outp[0], POLLIN, 0};
+    }
+    if (errp[0] >= 0) {
+      err_i = static_cast<int>(n);
+      pfds[n++] = {errp[0], POLLIN, 0};
+    }
+    if (pidfd >= 0 && !exited_at) {
+      pid_i = static_cast<int>(n);
+      pfds[n++] = {pidfd, POLLIN, 0};
+    }
+    const int pr = ::poll(n ? pfds : nullptr, n, static_cast<int>(wait_ms));
+    if (pr < 0 && errno != EINTR) {
+      r.timed_out = !exited_at;  // cannot wait any more: treat as the deadline
+      break;
+    }
+    if (pr <= 0) continue;
+    if (out_i >= 0 && pfds[out_i].revents) {
+      const ssize_t got = ::read(outp[0], buf, sizeof buf);
+      if (got > 0) {
+        if (r.out.size() + static_cast<std::size_t>(got) > opts.max_stdout) {
+          r.out_overflow = true;
+        } else {
+          r.out.append(buf, static_cast<std::size_t>(got));
+        }
+      } else if (got == 0 || errno != EINTR) {
+        close_fd(outp[0]);
+      }
+    }
+    if (err_i >= 0 && pfds[err_i].revents) {
+      const ssize_t got = ::read(errp[0], buf, sizeof buf);
+      if (got > 0) {
+        const std::string_view chunk(buf, static_cast<std::size_t>(got));
+        if (r.err_head.size() < kStderrHead) r.err_head.append(chunk.substr(0, kStderrHead - r.err_head.size()));
+        r.err_tail.append(chunk);
+        if (r.err_tail.size() > kStderrTail) r.err_tail.erase(0, r.err_tail.size() - kStderrTail);
+      } else if (got == 0 || errno != EINTR) {
+        close_fd(errp[0]);
+      }
+    }
+    if (pid_i >= 0 && pfds[pid_i].revents) exited_at = clock::now();
+  }
+  close_all();
+  // The child is unreaped (at worst a zombie), so its pid, and with it the group id, cannot have
+  // been reused: this reaches only what it started.
+  ::killpg(pid, SIGKILL);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  r.status = st;
+  return r;
 }
 
 std::string find_program(const std::string& name, const std::map<std::string, std::string>& env) {

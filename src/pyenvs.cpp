@@ -1,5 +1,6 @@
 // Python interpreter discovery: the locators (find_interpreters) and the cached, time-boxed probe.
 #include "kgate/pyenvs.hpp"
+#include "kgate/process.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -15,10 +16,8 @@
 #include <utility>
 
 #include <fcntl.h>
-#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -27,7 +26,6 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-extern char** environ;
 
 namespace kgate {
 
@@ -43,12 +41,7 @@ std::string LocatorEnv::get(const std::string& name) const {
 
 LocatorEnv LocatorEnv::from_process() {
   LocatorEnv env;
-  if (!environ) return env;
-  for (char** e = environ; *e; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (!eq) continue;
-    env.vars.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), std::string(eq + 1));
-  }
+  env.vars = current_environment();
   return env;
 }
 
@@ -562,8 +555,6 @@ sys.stdout.write(json.dumps({
 )PY";
 
 constexpr std::size_t kMaxStdout = 1 << 20;  // the JSON is a few hundred bytes
-constexpr std::size_t kStderrHead = 1024;
-constexpr std::size_t kStderrTail = 2048;
 constexpr auto kExitGrace = std::chrono::milliseconds(200);  // pipes held open by a grandchild
 
 // What identifies one version of a file or directory for the cache.
@@ -622,152 +613,17 @@ std::string stderr_line(const std::string& head, const std::string& tail) {
   return line;
 }
 
-// The raw result of running the probe process.
-struct RunResult {
-  bool started = false;  // false: posix_spawn failed (spawn_error says why)
-  std::string spawn_error;
-  bool timed_out = false;
-  int status = 0;  // waitpid status
-  std::string out;
-  bool out_overflow = false;
-  std::string err_head, err_tail;  // the first kStderrHead and last kStderrTail bytes
-};
-
-void close_fd(int& fd) {
-  if (fd >= 0) {
-    ::close(fd);
-    fd = -1;
-  }
-}
-
-// Runs `exe -E -c kProbeScript` in "/" and a new process group, stdin /dev/null, stdout and
-// stderr piped; SIGKILLs the group at `timeout` and after the child exits; always reaps.
+// Runs `exe -E -c kProbeScript` in "/" with the daemon's environment (run(): stdin /dev/null,
+// stdout and stderr captured, its process group killed at `timeout` and after it exits).
 RunResult run_probe(const std::string& exe, std::chrono::milliseconds timeout) {
-  RunResult r;
-  int outp[2] = {-1, -1}, errp[2] = {-1, -1};
-  if (::pipe2(outp, O_CLOEXEC) != 0 || ::pipe2(errp, O_CLOEXEC) != 0) {
-    r.spawn_error = std::string("pipe: ") + std::strerror(errno);
-    for (int* fd : {&outp[0], &outp[1], &errp[0], &errp[1]}) close_fd(*fd);
-    return r;
-  }
-
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, outp[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&fa, errp[1], STDERR_FILENO);
-  posix_spawn_file_actions_addchdir_np(&fa, "/");
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
-  posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // fds the daemon leaked without CLOEXEC
-#endif
-  sigset_t empty, defaults;
-  sigemptyset(&empty);
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP, SIGQUIT}) sigaddset(&defaults, sig);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-
-  std::vector<char*> argv = {const_cast<char*>(exe.c_str()), const_cast<char*>("-E"), const_cast<char*>("-c"),
-                             const_cast<char*>(kProbeScript), nullptr};
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  close_fd(outp[1]);
-  close_fd(errp[1]);
-  if (rc != 0) {
-    r.spawn_error = std::strerror(rc);
-    close_fd(outp[0]);
-    close_fd(errp[0]);
-    return r;
-  }
-  r.started = true;
-
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // -1: fall back to polling
-  using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + timeout;
-  std::optional<clock::time_point> exited_at;
-  auto child_exited = [&] {
-    siginfo_t info{};
-    return ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid;
-  };
-  // Read both pipes until both are at EOF and the child has exited, or the deadline. Once
-  // the child has exited, a grandchild holding a pipe open gets kExitGrace, no more.
-  char buf[8192];
-  for (;;) {
-    const bool pipes_open = outp[0] >= 0 || errp[0] >= 0;
-    if (!exited_at && pidfd < 0 && child_exited()) exited_at = clock::now();
-    if (!pipes_open && exited_at) break;
-    const auto now = clock::now();
-    if (!exited_at && now >= deadline) {
-      r.timed_out = true;
-      break;
-    }
-    if (exited_at && now >= *exited_at + kExitGrace) break;
-    const auto until = exited_at ? *exited_at + kExitGrace : deadline;
-    auto wait_ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
-    if (pidfd < 0 && !exited_at) wait_ms = std::min<long long>(wait_ms, 20);
-    pollfd pfds[3];
-    nfds_t n = 0;
-    int out_i = -1, err_i = -1, pid_i = -1;
-    if (outp[0] >= 0) {
-      out_i = static_cast<int>(n);
-      pfds[n++] = {outp[0], POLLIN, 0};
-    }
-    if (errp[0] >= 0) {
-      err_i = static_cast<int>(n);
-      pfds[n++] = {errp[0], POLLIN, 0};
-    }
-    if (pidfd >= 0 && !exited_at) {
-      pid_i = static_cast<int>(n);
-      pfds[n++] = {pidfd, POLLIN, 0};
-    }
-    const int pr = ::poll(n ? pfds : nullptr, n, static_cast<int>(wait_ms));
-    if (pr < 0 && errno != EINTR) {
-      r.timed_out = !exited_at;  // cannot wait any more: treat as the deadline
-      break;
-    }
-    if (pr <= 0) continue;
-    if (out_i >= 0 && pfds[out_i].revents) {
-      const ssize_t got = ::read(outp[0], buf, sizeof buf);
-      if (got > 0) {
-        if (r.out.size() + static_cast<std::size_t>(got) > kMaxStdout) {
-          r.out_overflow = true;
-        } else {
-          r.out.append(buf, static_cast<std::size_t>(got));
-        }
-      } else if (got == 0 || errno != EINTR) {
-        close_fd(outp[0]);
-      }
-    }
-    if (err_i >= 0 && pfds[err_i].revents) {
-      const ssize_t got = ::read(errp[0], buf, sizeof buf);
-      if (got > 0) {
-        const std::string_view chunk(buf, static_cast<std::size_t>(got));
-        if (r.err_head.size() < kStderrHead) r.err_head.append(chunk.substr(0, kStderrHead - r.err_head.size()));
-        r.err_tail.append(chunk);
-        if (r.err_tail.size() > kStderrTail) r.err_tail.erase(0, r.err_tail.size() - kStderrTail);
-      } else if (got == 0 || errno != EINTR) {
-        close_fd(errp[0]);
-      }
-    }
-    if (pid_i >= 0 && pfds[pid_i].revents) exited_at = clock::now();
-  }
-  close_fd(outp[0]);
-  close_fd(errp[0]);
-  // The child is unreaped (at worst a zombie), so its pid, and with it the group id, cannot have
-  // been reused: this reaches only what it started.
-  ::killpg(pid, SIGKILL);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  r.status = st;
-  close_fd(pidfd);
-  return r;
+  RunOptions o;
+  o.argv = {exe, "-E", "-c", kProbeScript};
+  o.env = current_environment();
+  o.cwd = "/";
+  o.timeout = timeout;
+  o.max_stdout = kMaxStdout;
+  o.exit_grace = kExitGrace;
+  return run(o);
 }
 
 // Fills `info` from the probe's stdout (its last non-empty line is the JSON object: a chatty
@@ -853,7 +709,7 @@ InterpreterInfo InterpreterProber::probe(const fs::path& path) {
 
   const auto started = std::chrono::steady_clock::now();
   const RunResult r = run_probe(key, timeout_);
-  if (r.started) {
+  if (r.started()) {
     std::lock_guard lock2(mu_);
     ++runs_;
   }
@@ -863,7 +719,7 @@ InterpreterInfo InterpreterProber::probe(const fs::path& path) {
   std::vector<std::string> site_dirs;
   const std::string err_line = stderr_line(r.err_head, r.err_tail);
   auto with_stderr = [&](std::string s) { return err_line.empty() ? s : s + ": " + err_line; };
-  if (!r.started) {
+  if (!r.started()) {
     info.error = "cannot run: " + r.spawn_error;
     cacheable = false;
   } else if (r.timed_out) {

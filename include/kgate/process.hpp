@@ -1,6 +1,7 @@
 // Child processes: launching kernels in a new session, signalling them, watching for exit.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -15,6 +16,8 @@ struct LaunchOptions {
   std::map<std::string, std::string> env;      // the complete environment of the child
   std::filesystem::path cwd;                   // empty = inherit
   bool die_with_parent = true;                 // PR_SET_PDEATHSIG(SIGKILL) in the child
+  int stdout_fd = -1;                          // >= 3: the child's stdout; -1: inherit ours
+  int stderr_fd = -1;                          // >= 3: the child's stderr; -1: inherit ours
 };
 
 // A launched child.  Not copyable; the destructor does not kill the process (the owner
@@ -56,6 +59,35 @@ class ChildProcess {
   bool reaped_ = false;
   int status_ = 0;
 };
+
+// Running a program to its end: every short-lived child of kgate (an interpreter probe, systemctl)
+// goes through run(), never through a shell.  Kernels, which live on, are ChildProcess::launch()ed.
+struct RunOptions {
+  std::vector<std::string> argv;               // argv[0] absolute, or a bare name found on env's PATH
+  std::map<std::string, std::string> env;      // the child's whole environment
+  std::filesystem::path cwd = "/";
+  std::chrono::milliseconds timeout{60000};    // then its process group is killed (SIGKILL)
+  bool capture = true;                         // false: it writes to our stdout and stderr
+  std::size_t max_stdout = 1 << 20;            // past it, stdout is dropped and out_overflow set
+  // Once the child has exited, a grandchild that holds the pipes open gets this long, no more.
+  std::chrono::milliseconds exit_grace{200};
+};
+
+struct RunResult {
+  int spawn_errno = 0;      // not 0: it did not start (as from exec: ENOENT, EACCES, ...)
+  std::string spawn_error;  // then: strerror of it
+  bool timed_out = false;
+  int status = 0;           // as from waitpid
+  std::string out;
+  bool out_overflow = false;
+  std::string err_head, err_tail;  // the first 1 KiB and the last 2 KiB of stderr
+  bool started() const { return spawn_errno == 0; }
+};
+
+// Runs opts.argv in opts.cwd, in a session and process group of its own, stdin /dev/null, until
+// it exits and its pipes close, or until the deadline.  The group is then SIGKILLed (whatever the
+// child left behind) and the child reaped, always: nothing outlives the call.  Blocks the caller.
+RunResult run(const RunOptions& opts);
 
 // Finds a bare program name on PATH (as given in env, else the process's).  Returns the
 // name unchanged when it contains a slash or is not found.

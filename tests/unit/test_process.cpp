@@ -385,6 +385,109 @@ TEST(DeathSignal, WithoutItTheGrandchildSurvives) {
   EXPECT_TRUE(wait_dead(grandchild, 2000));
 }
 
+// ---------------------------------------------------------------------------------------
+// run(): a program to its end, with a deadline, no shell
+
+RunResult run_sh(const std::string& script, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  RunOptions o;
+  o.argv = {"/bin/sh", "-c", script};
+  o.env = kMinimalEnv;
+  o.timeout = timeout;
+  return run(o);
+}
+
+TEST(Run, CapturesStdoutStderrAndStatus) {
+  auto r = run_sh("echo out; echo err >&2; exit 3");
+  ASSERT_TRUE(r.started());
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.out, "out\n");
+  EXPECT_EQ(r.err_head, "err\n");
+  EXPECT_EQ(r.err_tail, "err\n");
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 3);
+}
+
+TEST(Run, ArgumentsAreNotReadByAShell) {
+  RunOptions o;
+  o.argv = {"/bin/echo", "$HOME; rm -rf /nonexistent-kgate", "*"};
+  o.env = kMinimalEnv;
+  auto r = run(o);
+  EXPECT_EQ(r.out, "$HOME; rm -rf /nonexistent-kgate *\n");
+}
+
+TEST(Run, RunsInCwdWithTheGivenEnvironment) {
+  TempDir t{"kgate-proc", TempDir::canonical};
+  RunOptions o;
+  o.argv = {"/bin/sh", "-c", "pwd; echo \"$ONLY\"; echo \"${HOME:-unset}\""};
+  o.env = {{"PATH", "/usr/bin:/bin"}, {"ONLY", "this"}};
+  o.cwd = t.path();
+  auto r = run(o);
+  EXPECT_EQ(r.out, t.path().string() + "\nthis\nunset\n");
+}
+
+TEST(Run, MissingProgramIsNotStarted) {
+  RunOptions o;
+  o.argv = {"/nonexistent/kgate-program"};
+  o.env = kMinimalEnv;
+  auto r = run(o);
+  EXPECT_FALSE(r.started());
+  EXPECT_EQ(r.spawn_errno, ENOENT);
+  EXPECT_EQ(r.spawn_error, "No such file or directory");
+}
+
+TEST(Run, DeadlineKillsTheWholeGroup) {
+  TempDir t{"kgate-proc", TempDir::canonical};
+  const auto pidfile = t.path() / "grandchild";
+  const auto started = std::chrono::steady_clock::now();
+  auto r = run_sh("sleep 30 & echo $! > " + pidfile.string() + "; wait", std::chrono::milliseconds(300));
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  const pid_t grandchild = std::stoi(read_file(pidfile));
+  EXPECT_TRUE(wait_dead(grandchild, 2000));  // killed with the group
+}
+
+TEST(Run, GrandchildHoldingThePipesGetsOnlyTheGrace) {
+  const auto started = std::chrono::steady_clock::now();
+  auto r = run_sh("sleep 30 & echo done");
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.out, "done\n");
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+TEST(Run, StdoutPastTheBoundIsDroppedAndSaid) {
+  RunOptions o;
+  o.argv = {"/bin/sh", "-c", "head -c 100000 /dev/zero"};
+  o.env = kMinimalEnv;
+  o.max_stdout = 1000;
+  auto r = run(o);
+  EXPECT_TRUE(r.out_overflow);
+  EXPECT_LE(r.out.size(), 1000u);
+}
+
+TEST(Run, StderrKeepsItsHeadAndTail) {
+  auto r = run_sh("i=0; while [ $i -lt 500 ]; do echo line$i >&2; i=$((i+1)); done");
+  EXPECT_EQ(r.err_head.size(), 1024u);
+  EXPECT_EQ(r.err_head.substr(0, 6), "line0\n");
+  EXPECT_EQ(r.err_tail.size(), 2048u);
+  EXPECT_EQ(r.err_tail.substr(r.err_tail.size() - 8), "line499\n");
+}
+
+TEST(Run, WithoutCaptureTheChildWritesToOurs) {
+  RunOptions o;
+  o.argv = {"/bin/sh", "-c", "echo to-our-stdout; exit 0"};
+  o.env = kMinimalEnv;
+  o.capture = false;
+  testing::internal::CaptureStdout();
+  auto r = run(o);
+  testing::internal::GetCapturedStdout();  // gtest captures the fd: the child's output lands there
+  EXPECT_TRUE(r.started());
+  EXPECT_TRUE(r.out.empty());
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_EQ(WEXITSTATUS(r.status), 0);
+}
+
 TEST(FindProgram, SearchesEnvPathThenFallsBack) {
   TempDir t{"kgate-proc", TempDir::canonical};
   const fs::path exe = t.path() / "kgate-exe";
