@@ -11,11 +11,14 @@
 #include <spdlog/spdlog.h>
 
 #include "jobs_api.hpp"
+#include "kgate/client/endpoint.hpp"
 #include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
+
+using client::percent_decode;  // uriparser
 
 namespace {
 
@@ -54,32 +57,6 @@ std::vector<std::string> split_path(std::string_view path) {
     i = j;
   }
   return parts;
-}
-
-int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-bool percent_decode(std::string_view in, std::string& out, bool plus_is_space) {
-  out.clear();
-  for (std::size_t i = 0; i < in.size(); ++i) {
-    char c = in[i];
-    if (c == '%') {
-      if (i + 2 >= in.size()) return false;
-      int h = hexval(in[i + 1]), l = hexval(in[i + 2]);
-      if (h < 0 || l < 0) return false;
-      out.push_back(char(h * 16 + l));
-      i += 2;
-    } else if (c == '+' && plus_is_space) {
-      out.push_back(' ');
-    } else {
-      out.push_back(c);
-    }
-  }
-  return true;
 }
 
 bool constant_time_equal(std::string_view a, std::string_view b) {
@@ -423,7 +400,7 @@ bool is_uuid(std::string_view s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (i == 8 || i == 13 || i == 18 || i == 23) {
       if (s[i] != '-') return false;
-    } else if (hexval(s[i]) < 0) {
+    } else if (!std::isxdigit(static_cast<unsigned char>(s[i]))) {
       return false;
     }
   }
@@ -536,43 +513,19 @@ Response json_error(const Request& req, http::status status, const std::string& 
   return json_response(req, status, j.dump(-1, ' ', false, json::error_handler_t::replace));
 }
 
-bool valid_utf8(std::string_view s) noexcept {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n;
-    std::uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if (c >= 0xc2 && c <= 0xdf) { n = 1; cp = c & 0x1f; }
-    else if (c >= 0xe0 && c <= 0xef) { n = 2; cp = c & 0x0f; }
-    else if (c >= 0xf0 && c <= 0xf4) { n = 3; cp = c & 0x07; }
-    else return false;  // a continuation byte first, an overlong 0xc0/0xc1, or past U+10FFFF
-    if (s.size() - i <= n) return false;  // cut short
-    for (std::size_t k = 1; k <= n; ++k) {
-      auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (b & 0x3f);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)) || (cp >= 0xd800 && cp <= 0xdfff))
-      return false;  // overlong, out of range, or a surrogate
-    i += n + 1;
-  }
-  return true;
-}
-
 bool split_target(std::string_view target, std::string& path, std::string& query) {
   auto q = target.find('?');
   std::string_view raw = target.substr(0, q);
   query = q == std::string_view::npos ? "" : std::string(target.substr(q + 1));
-  if (!percent_decode(raw, path, false) || !valid_utf8(path)) return false;
+  if (!percent_decode(raw, path, false) || !is_valid_utf8(path)) return false;
   // Every query key and value must decode to UTF-8 too: they end up in JSON replies and records.
   std::string part;
   for (std::size_t i = 0; i <= query.size();) {
     auto amp = std::min(query.find('&', i), query.size());
     auto kv = std::string_view(query).substr(i, amp - i);
     auto eq = kv.find('=');
-    if (!percent_decode(kv.substr(0, eq), part, true) || !valid_utf8(part)) return false;
-    if (eq != std::string_view::npos && (!percent_decode(kv.substr(eq + 1), part, true) || !valid_utf8(part)))
+    if (!percent_decode(kv.substr(0, eq), part, true) || !is_valid_utf8(part)) return false;
+    if (eq != std::string_view::npos && (!percent_decode(kv.substr(eq + 1), part, true) || !is_valid_utf8(part)))
       return false;
     i = amp + 1;
   }

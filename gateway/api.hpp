@@ -77,8 +77,6 @@ std::string lowercase(std::string_view s);
 // Whether a bind address is loopback ("localhost", "::1", 127.0.0.0/8).
 bool is_loopback_address(const std::string& ip);
 
-// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
-bool valid_utf8(std::string_view s) noexcept;
 // Splits a target into its path (percent-decoded) and query; false if a %-escape is bad or the
 // path, or any query key or value, does not decode to UTF-8.
 bool split_target(std::string_view target, std::string& path, std::string& query);

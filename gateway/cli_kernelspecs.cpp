@@ -7,32 +7,9 @@
 #include <vector>
 
 #include "kgate/discovery.hpp"
+#include "kgate/utf8.hpp"
 
 namespace kgate::gw {
-
-namespace {
-
-void print_table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<std::size_t> width;
-  auto cols = [](const std::string& s) {  // display width, counting UTF-8 code points
-    return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-  };
-  for (auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], cols(r[i]));
-    }
-  for (auto& r : rows) {
-    std::string line;
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - cols(r[i]) + 2, ' ');
-    }
-    std::cout << line << "\n";
-  }
-}
-
-}  // namespace
 
 int print_kernelspecs(bool as_json) {
   DiscoveryOptions opts;
@@ -56,7 +33,7 @@ int print_kernelspecs(bool as_json) {
       if (e.launchable && e.spec.name == cat.default_name) verdict += " (default)";
       rows.push_back({e.spec.name, e.spec.display_name, e.spec.language, source, verdict});
     }
-    print_table(rows);
+    std::cout << format_table(rows);
     std::cout << "\n" << cat.entries.size() << " kernelspecs, " << cat.launchable_count() << " launchable; "
               << cat.interpreters.size() << " interpreters checked in " << cat.took.count() << " ms\n";
   }

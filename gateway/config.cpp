@@ -9,14 +9,11 @@
 
 #include <toml++/toml.h>
 
+#include "kgate/connection.hpp"
+
 namespace kgate::gw {
 
-std::filesystem::path default_config_path() {
-  const char* xdg = std::getenv("XDG_CONFIG_HOME");
-  if (xdg && *xdg) return std::filesystem::path(xdg) / "kgate" / "kgate.toml";
-  const char* home = std::getenv("HOME");
-  return std::filesystem::path(home ? home : "/") / ".config" / "kgate" / "kgate.toml";
-}
+std::filesystem::path default_config_path() { return kgate_config_dir() / "kgate.toml"; }
 
 namespace {
 

@@ -25,6 +25,7 @@
 #include <systemd/sd-daemon.h>
 #endif
 
+#include "kgate/connection.hpp"
 #include "kgate/process.hpp"
 #include "launchd_plist.hpp"
 #include "systemd_unit.hpp"
@@ -142,16 +143,6 @@ Account invoking_account() {
   return account_of(::getuid());
 }
 
-fs::path home_dir() {
-  if (const char* h = std::getenv("HOME"); h && *h == '/') return h;
-  return account_of(::getuid()).home;
-}
-
-fs::path config_home(const fs::path& home) {
-  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x == '/') return x;
-  return home / ".config";
-}
-
 std::string join(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& a : argv) {
@@ -257,8 +248,8 @@ SystemdTarget systemd_target(const ServiceOptions& opts) {
     t.fields.env_file = a.home / ".config" / "kgate" / "kgate.env";
     t.unit_path = fs::path("/etc/systemd/system") / kUnitName;
   } else {
-    t.fields.home = home_dir();
-    fs::path ch = config_home(t.fields.home);
+    t.fields.home = kgate::home_dir();
+    fs::path ch = kgate::config_home();
     t.fields.env_file = ch / "kgate" / "kgate.env";
     t.unit_path = ch / "systemd" / "user" / kUnitName;
     t.ctl.push_back("--user");
@@ -379,7 +370,7 @@ LaunchdTarget launchd_target(const ServiceOptions& opts) {
   LaunchdTarget t;
   t.fields.kgate_bin = running_binary();
   t.fields.config = absolute_config(opts.config);
-  t.fields.home = home_dir();
+  t.fields.home = kgate::home_dir();
   t.fields.log = t.fields.home / "Library" / "Logs" / "kgate.log";
   t.plist_path = t.fields.home / "Library" / "LaunchAgents" / (std::string(kLaunchdLabel) + ".plist");
   t.domain = "gui/" + std::to_string(::getuid());

@@ -34,19 +34,6 @@ std::string env(const char* name) {
   return v ? std::string(v) : std::string();
 }
 
-// $HOME, else the password database's home directory (like os.path.expanduser("~")).
-std::string home_dir() {
-  if (auto h = env("HOME"); !h.empty()) return h;
-  std::array<char, 4096> buf{};
-  passwd pw{};
-  passwd* result = nullptr;
-  if (getpwuid_r(getuid(), &pw, buf.data(), buf.size(), &result) == 0 && result &&
-      result->pw_dir) {
-    return result->pw_dir;
-  }
-  return "/";
-}
-
 // ---- ConnectionInfo JSON fields --------------------------------------------------------
 
 const json& require(const json& j, const char* field) {
@@ -324,10 +311,29 @@ std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_d
 
 // ---- Jupyter directories ---------------------------------------------------------------
 
+fs::path home_dir() {
+  if (auto h = env("HOME"); !h.empty() && h.front() == '/') return h;
+  std::array<char, 4096> buf{};
+  passwd pw{};
+  passwd* result = nullptr;
+  if (getpwuid_r(getuid(), &pw, buf.data(), buf.size(), &result) == 0 && result && result->pw_dir &&
+      result->pw_dir[0] == '/') {
+    return result->pw_dir;
+  }
+  return "/";
+}
+
+fs::path config_home() {
+  if (auto x = env("XDG_CONFIG_HOME"); !x.empty() && x.front() == '/') return x;
+  return home_dir() / ".config";
+}
+
+fs::path kgate_config_dir() { return config_home() / "kgate"; }
+
 fs::path jupyter_data_dir() {
   if (auto d = env("JUPYTER_DATA_DIR"); !d.empty()) return d;
   std::string xdg = env("XDG_DATA_HOME");
-  if (xdg.empty()) xdg = (fs::path(home_dir()) / ".local" / "share").string();
+  if (xdg.empty()) xdg = (home_dir() / ".local" / "share").string();
   return fs::path(xdg) / "jupyter";
 }
 

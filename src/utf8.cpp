@@ -1,8 +1,15 @@
 // UTF-8 validation and repair (U+FFFD for what is ill-formed).
 #include "kgate/utf8.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <cwchar>
+
+#include <locale.h>
+
+#include <simdjson.h>
 
 namespace kgate {
 
@@ -76,9 +83,10 @@ std::size_t first_invalid(std::string_view s) noexcept {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view s) noexcept { return first_invalid(s) == s.size(); }
+bool is_valid_utf8(std::string_view s) noexcept { return simdjson::validate_utf8(s.data(), s.size()); }
 
 std::string valid_utf8(std::string_view s) {
+  if (is_valid_utf8(s)) return std::string(s);
   std::size_t bad = first_invalid(s);
   if (bad == s.size()) return std::string(s);
   std::string out;
@@ -105,6 +113,54 @@ void make_valid_utf8(std::string& s) {
 
 std::string dump_json(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::size_t display_width(std::string_view s) {
+  // wcwidth reads the calling thread's LC_CTYPE: C.UTF-8 for the call, whatever the process's.
+  static const locale_t utf8 = ::newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(nullptr));
+  const locale_t before = utf8 ? ::uselocale(utf8) : static_cast<locale_t>(nullptr);
+  std::size_t width = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t run = ascii_run(s, i);
+    for (std::size_t k = i; k < i + run; ++k) width += std::isprint(static_cast<unsigned char>(s[k])) ? 1 : 0;
+    i += run;
+    if (i >= s.size()) break;
+    bool ok = false;
+    const std::size_t n = sequence_at(s, i, ok);
+    if (!ok) {
+      width += n;
+      i += n;
+      continue;
+    }
+    std::uint32_t cp = static_cast<unsigned char>(s[i]) & (0x7F >> n);
+    for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    const int w = utf8 ? ::wcwidth(static_cast<wchar_t>(cp)) : 1;
+    width += w > 0 ? static_cast<std::size_t>(w) : 0;
+    i += n;
+  }
+  if (utf8) ::uselocale(before);
+  return width;
+}
+
+std::string format_table(const std::vector<std::vector<std::string>>& rows, std::string_view indent) {
+  std::vector<std::size_t> widths;
+  for (const auto& r : rows)
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      if (widths.size() <= i) widths.push_back(0);
+      widths[i] = std::max(widths[i], display_width(r[i]));
+    }
+  std::string out;
+  for (const auto& r : rows) {
+    std::size_t last = r.size();
+    while (last > 0 && r[last - 1].empty()) --last;
+    out += indent;
+    for (std::size_t i = 0; i < last; ++i) {
+      out += r[i];
+      if (i + 1 < last) out.append(widths[i] - display_width(r[i]) + 2, ' ');
+    }
+    out += '\n';
+  }
+  return out;
 }
 
 }  // namespace kgate

@@ -9,7 +9,7 @@ Fails (exit 1, naming each offence) when:
      libraries under include/kgate/ and src/ only);
   4. a file other than src/client/websocket_impl.hpp includes Beast's websocket stream
      (<boost/beast/websocket.hpp>, or .../websocket/stream.hpp or ssl.hpp), or a unit other than
-     src/client/websocket_*.cpp includes websocket_impl.hpp or websocket_ops.hpp: the stream's
+     src/client/websocket*.cpp includes websocket_impl.hpp or websocket_ops.hpp: the stream's
      state machines are compiled there, once per transport, and nowhere else (compile time: each
      unit that instantiated them took 60-100 s).
 Usage: check_build.py BUILD/compile_commands.json SOURCE_DIR
@@ -67,8 +67,8 @@ def main() -> int:
         if stream_re.search(text) and str(rel) not in ("src/client/websocket_impl.hpp", "src/boost_impl.cpp"):
             problems.append(f"{rel}: includes Beast's websocket stream (use kgate/client/websocket.hpp)")
         m = impl_re.search(text)
-        if m and not (rel.parent == Path("src/client") and rel.name.startswith("websocket_")):
-            problems.append(f"{rel}: includes {m.group(1)}.hpp (only src/client/websocket_*.cpp compile the stream)")
+        if m and not (rel.parent == Path("src/client") and rel.name.startswith("websocket")):
+            problems.append(f"{rel}: includes {m.group(1)}.hpp (only src/client/websocket*.cpp compile the stream)")
     for p in problems:
         print(p)
     print(f"check_build: {len(targets)} translation units, {len(problems)} problem(s)")

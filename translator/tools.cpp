@@ -440,9 +440,7 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
     error = "cannot list the kernels of " + ep.url + ": " + r.message();
     return std::nullopt;
   }
-  std::vector<std::string> matches;
-  for (auto& k : r.json_body())
-    if (k.is_object() && k.value("id", "").rfind(prefix, 0) == 0) matches.push_back(k.value("id", ""));
+  const std::vector<std::string> matches = kgate::client::kernels_matching(r.json_body(), prefix);
   if (matches.empty()) {
     error = "no kernel matching '" + prefix + "' on " + ep.url;
     return std::nullopt;
@@ -721,9 +719,7 @@ ToolReply Translator::connect(Call& c) {
     bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
     auto r = http->get("api/kernels");
     if (r.status != 200) return text_reply("cannot list the kernels of " + ep.url + ": " + r.message(), true);
-    std::vector<std::string> matches;
-    for (auto& k : r.json_body())
-      if (k.is_object() && k.value("id", "").rfind(prefix, 0) == 0) matches.push_back(k.value("id", ""));
+    const std::vector<std::string> matches = kgate::client::kernels_matching(r.json_body(), prefix);
     if (matches.empty()) {
       std::string ids;
       for (auto& k : r.json_body()) ids += (ids.empty() ? "" : ", ") + short_id(k.value("id", ""));

@@ -53,6 +53,13 @@ void remove_owner_file(const std::filesystem::path& runtime_dir, const std::stri
 // connection files removed.
 std::vector<std::string> remove_stale_connection_files(const std::filesystem::path& runtime_dir);
 
+// $HOME when it is an absolute path, else the password database's home directory, else "/".
+std::filesystem::path home_dir();
+// $XDG_CONFIG_HOME when it is an absolute path (the XDG base directory spec ignores a relative
+// one), else home_dir()/.config.
+std::filesystem::path config_home();
+// config_home()/kgate: kgate.toml, gateways.toml, kgate.env.
+std::filesystem::path kgate_config_dir();
 // $JUPYTER_DATA_DIR, else ${XDG_DATA_HOME:-~/.local/share}/jupyter.
 std::filesystem::path jupyter_data_dir();
 // $JUPYTER_RUNTIME_DIR, else jupyter_data_dir()/runtime (jupyter_core's rule).

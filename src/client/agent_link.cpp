@@ -49,49 +49,38 @@ void AgentLink::run(Endpoint ep, std::string agent, std::string label) {
   while (!stopping_) {
     net::io_context ioc{1};
     auto wsock = Websocket::client(ep, tls_ctx, ioc);
+    Websocket& ws = *wsock;  // outlives every handler of the loop below
     beast::flat_buffer buf;
-    tcp::resolver resolver(ioc);
     std::string target = ep.base + "api/kgate/agent?agent=" + percent_encode(agent) + "&label=" + percent_encode(label);
     beast::error_code ec;
-    tls_error.clear();
-    bool up = false;
-    {  // runs the loop: `ws` outlives every handler
-      Websocket& ws = *wsock;
+    const std::string why = ws.open(ioc, ep, target, "", kConnectTimeout, ec);
+    const bool up = !ec;
+    if (up) {
+      connected_ = true;
+      backoff = std::chrono::milliseconds(200);
+      {
+        std::lock_guard lk(mu_);
+        close_ = [&ioc, &ws] {
+          net::post(ioc, [&ws] { ws.async_close(websocket::close_code::normal, [](beast::error_code) {}); });
+        };
+        if (stopping_) close_();
+      }
       std::function<void()> read;  // lives as long as the loop runs its reads
-      ws.async_open(resolver, ep, target, "", kConnectTimeout,
-                           [&](beast::error_code oec, std::string terr, std::string) {
-        if (oec) {
-          ec = oec;
-          tls_error = std::move(terr);
-          return;
-        }
-          ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
-          up = true;
-          connected_ = true;
-          backoff = std::chrono::milliseconds(200);
-          {
-            std::lock_guard lk(mu_);
-            close_ = [&ioc, &ws] {
-              net::post(ioc, [&ws] { ws.async_close(websocket::close_code::normal, [](beast::error_code) {}); });
-            };
-            if (stopping_) close_();
-          }
-          read = [&] {
-            ws.async_read(buf, [&](beast::error_code rec2, std::size_t) {
-              buf.clear();
-              if (rec2) return void(ec = rec2);
-              read();
-            });
-          };
+      read = [&] {
+        ws.async_read(buf, [&](beast::error_code rec, std::size_t) {
+          buf.clear();
+          if (rec) return void(ec = rec);
           read();
-      });
+        });
+      };
+      read();
       ioc.run();
       std::lock_guard lk(mu_);
       close_ = nullptr;
     }
     connected_ = false;
     if (stopping_) break;
-    if (!up) spdlog::debug("agent link to {}: {}", ep.url, tls_error.empty() ? ec.message() : tls_error);
+    if (!up) spdlog::debug("agent link to {}: {}", ep.url, why);
     else spdlog::info("agent link to {} dropped ({}); reconnecting", ep.url, ec.message());
     std::unique_lock lk(mu_);
     cv_.wait_for(lk, backoff, [this] { return stopping_.load(); });

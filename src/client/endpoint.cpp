@@ -117,6 +117,19 @@ bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error
   return true;
 }
 
+bool percent_decode(std::string_view in, std::string& out, bool plus_is_space) {
+  for (std::size_t i = in.find('%'); i != std::string_view::npos; i = in.find('%', i + 1)) {
+    if (i + 2 >= in.size() || !std::isxdigit(static_cast<unsigned char>(in[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(in[i + 2])))
+      return false;
+  }
+  out.assign(in);
+  out.push_back('\0');
+  const char* end = uriUnescapeInPlaceExA(out.data(), plus_is_space ? URI_TRUE : URI_FALSE, URI_BR_DONT_TOUCH);
+  out.resize(std::size_t(end - out.data()));
+  return true;
+}
+
 std::string percent_encode(std::string_view s) {
   std::string out(s.size() * 3 + 1, '\0');  // uriEscape writes at most 3 bytes per byte, and a NUL
   const char* end = uriEscapeExA(s.data(), s.data() + s.size(), out.data(), URI_FALSE, URI_FALSE);

@@ -9,16 +9,11 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
+#include "kgate/connection.hpp"
+
 namespace kgate::client {
 
 namespace {
-
-std::filesystem::path config_dir() {
-  const char* xdg = std::getenv("XDG_CONFIG_HOME");
-  if (xdg && *xdg) return std::filesystem::path(xdg) / "kgate";
-  const char* home = std::getenv("HOME");
-  return std::filesystem::path(home ? home : "/") / ".config" / "kgate";
-}
 
 std::string env_or(const char* name, std::string fallback) {
   const char* v = std::getenv(name);
@@ -38,8 +33,7 @@ bool tls_verify_from_env() {
 std::string config_path(const Config& cfg, const std::string& path) {
   if (path.empty()) return path;
   if (path.rfind("~/", 0) == 0) {
-    const char* home = std::getenv("HOME");
-    return (std::filesystem::path(home ? home : "/") / path.substr(2)).string();
+    return (home_dir() / path.substr(2)).string();
   }
   std::filesystem::path p(path);
   return p.is_absolute() ? path : (cfg.dir / p).string();
@@ -94,7 +88,7 @@ void parse_gateways(const std::string& text, const std::string& source, Config& 
 
 Config load_config() {
   Config cfg;
-  cfg.dir = config_dir();
+  cfg.dir = kgate_config_dir();
   cfg.default_url = env_or("KGATE_URL", cfg.default_url);
   cfg.default_token = env_or("KGATE_TOKEN", "");
   cfg.default_ca_file = env_or("KGATE_CA_FILE", "");

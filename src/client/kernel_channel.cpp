@@ -60,31 +60,15 @@ bool KernelChannel::open(const Endpoint& ep, const std::string& kernel, const st
   kernel_ = kernel;
   auto impl = impl_;
   std::string target = ep.base + "api/kernels/" + kernel + "/channels?session_id=" + percent_encode(session);
+  impl->ws->read_message_max(kMaxWsMessageBytes);
   beast::error_code ec;
-  bool up = false;
-  tcp::resolver resolver(impl->ioc);
-  {
-    Websocket& ws = *impl->ws;
-    ws.read_message_max(kMaxWsMessageBytes);
-    ws.async_open(resolver, ep, target, "", timeout,
-                         [&](beast::error_code oec, std::string terr, std::string) {
-      if (oec) {
-        ec = oec;
-        tls_error = std::move(terr);
-        return;
-      }
-      ws.set_option(websocket::stream_base::timeout::suggested(beast::role_type::client));
-      up = true;
-    });
-    impl->ioc.run();
-  }
-  if (!up) {
-    error = "cannot open the kernel's websocket: " + (tls_error.empty() ? ec.message() : tls_error);
+  const std::string why = impl->ws->open(impl->ioc, ep, target, "", timeout, ec);
+  if (ec) {
+    error = "cannot open the kernel's websocket: " + why;
     impl_.reset();
     return false;
   }
   open_ = true;
-  impl->ioc.restart();
   thread_ = std::thread([this] { reader(); });
   return true;
 }

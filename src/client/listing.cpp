@@ -18,6 +18,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 
+#include "kgate/utf8.hpp"
+
 namespace kgate::client {
 
 namespace {
@@ -225,32 +227,19 @@ std::string short_time(const std::string& iso) {
   return iso;
 }
 
-// Columns padded to their widest cell (the last column is not padded).
-std::string table(const std::vector<std::vector<std::string>>& rows, const std::string& indent) {
-  auto cols = [](const std::string& s) {  // display width, counting UTF-8 code points
-    return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-  };
-  std::vector<std::size_t> width;
-  for (auto& r : rows)
-    for (std::size_t i = 0; i < r.size(); ++i) {
-      if (width.size() <= i) width.push_back(0);
-      width[i] = std::max(width[i], cols(r[i]));
-    }
-  std::string out;
-  for (auto& r : rows) {
-    std::size_t last = r.size();
-    while (last > 0 && r[last - 1].empty()) --last;
-    std::string line = indent;
-    for (std::size_t i = 0; i < last; ++i) {
-      line += r[i];
-      if (i + 1 < last) line += std::string(width[i] - cols(r[i]) + 2, ' ');
-    }
-    out += line + "\n";
-  }
-  return out;
-}
-
 }  // namespace
+
+std::vector<std::string> kernels_matching(const json& kernels, const std::string& prefix) {
+  std::vector<std::string> hits;
+  if (!kernels.is_array()) return hits;
+  for (const auto& k : kernels) {
+    if (!k.is_object() || !k.contains("id") || !k["id"].is_string()) continue;
+    const auto& id = k["id"].get_ref<const std::string&>();
+    if (id == prefix) return {id};
+    if (starts_with(id, prefix)) hits.push_back(id);
+  }
+  return hits;
+}
 
 std::string RemoteListing::error_text() const {
   std::vector<std::string> seen;
@@ -438,7 +427,7 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
       out += ":\n";
       std::vector<std::vector<std::string>> rows;
       for (auto& s : l.specs) rows.push_back({s.name, s.display_name, s.language});
-      out += table(rows, "  ");
+      out += format_table(rows, "  ");
     }
   }
 
@@ -469,7 +458,7 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
         rows.push_back({k.id, k.name, k.execution_state, "connections=" + std::to_string(k.connections),
                         k.last_activity.empty() ? "" : "active " + short_time(k.last_activity), notes});
       }
-      out += table(rows, "  ");
+      out += format_table(rows, "  ");
     }
   }
 
@@ -480,7 +469,7 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
       std::vector<std::vector<std::string>> rows;
       for (auto& s : l.sessions)
         rows.push_back({s.path.empty() ? s.name : s.path, s.type, "kernel " + (s.kernel.empty() ? "?" : s.kernel)});
-      out += table(rows, "  ");
+      out += format_table(rows, "  ");
     }
   } else if (l.kernels_listed) {
     out += "sessions: this server keeps none\n";

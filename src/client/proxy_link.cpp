@@ -349,39 +349,23 @@ void Link::run() {
 bool Link::open_ws(const std::shared_ptr<Conn>& c, const std::string& kernel, std::string& error) {
   const auto& ep = opts_.ep;
   std::string target = ep.base + "api/kernels/" + kernel + "/channels?session_id=" + session_;
-  tcp::resolver resolver(c->ioc);
+  c->ws->read_message_max(opts_.limits.max_ws_message_bytes);
   beast::error_code ec;
-  std::string open_error;
   std::string protocol;
-  bool up = false;
-  {
-    Websocket& ws = *c->ws;
-    ws.read_message_max(opts_.limits.max_ws_message_bytes);
-    ws.async_open(resolver, ep, target, std::string(kV1Protocol), kWsOpenTimeout,
-                         [&](beast::error_code oec, std::string oerr, std::string chosen) {
-        if (oec) {
-          ec = oec;
-          open_error = std::move(oerr);
-          return;
-        }
-        protocol = std::move(chosen);
-        // Pings every 30 s; a kgate that stops answering for 60 s is dropped and looked for again.
-        websocket::stream_base::timeout t{};
-        t.handshake_timeout = std::chrono::seconds(10);
-        t.idle_timeout = std::chrono::seconds(60);
-        t.keep_alive_pings = true;
-        ws.set_option(t);
-        up = true;
-    });
-    c->ioc.run();
-  }
-  if (!up) {
-    if (!open_error.empty()) error = open_error;
+  const std::string why = c->ws->open(c->ioc, ep, target, std::string(kV1Protocol), kWsOpenTimeout, ec, &protocol);
+  if (ec) {
+    if (why != ec.message()) error = why;  // a failed TLS handshake or Unix connect, named
     else if (ec == websocket::error::upgrade_declined) error = "the gateway declined the websocket (is the kernel gone?)";
     else if (ec == beast::error::timeout) error = "no answer within " + std::to_string(kWsOpenTimeout.count()) + " s";
-    else error = ec.message();
+    else error = why;
     return false;
   }
+  // Pings every 30 s; a kgate that stops answering for 60 s is dropped and looked for again.
+  websocket::stream_base::timeout t{};
+  t.handshake_timeout = std::chrono::seconds(10);
+  t.idle_timeout = std::chrono::seconds(60);
+  t.keep_alive_pings = true;
+  c->ws->set_option(t);
   if (protocol != kV1Protocol) {
     error = "the gateway does not speak the " + std::string(kV1Protocol) + " websocket protocol";
     c->ws->async_close(websocket::close_code::normal, [](beast::error_code) {});

@@ -1,5 +1,6 @@
 // kgate proxy-kernel's pure pieces (see proxy_wire.hpp).
 #include "kgate/client/proxy_wire.hpp"
+#include "kgate/client/listing.hpp"
 
 #include "kgate/ws_codec.hpp"
 
@@ -42,14 +43,7 @@ std::string choose_kernel(const json& kernels) {
 }
 
 std::string match_kernel(const json& kernels, const std::string& want, std::string& error) {
-  std::vector<std::string> hits;
-  if (kernels.is_array())
-    for (const auto& k : kernels) {
-      if (!k.is_object() || !k.contains("id") || !k["id"].is_string()) continue;
-      const auto& id = k["id"].get_ref<const std::string&>();
-      if (id == want) return id;
-      if (id.rfind(want, 0) == 0) hits.push_back(id);
-    }
+  const auto hits = kernels_matching(kernels, want);
   if (hits.size() == 1) return hits.front();
   error = hits.empty() ? "kgate kernel " + want + " is gone (no kernel has that id)"
                        : "kernel id prefix " + want + " is ambiguous (" + std::to_string(hits.size()) +

@@ -1,6 +1,7 @@
 // Websocket (include/kgate/client/websocket.hpp) over one transport: Beast's websocket::stream,
 // its operations compiled once per transport: websocket_tcp.cpp, websocket_unix.cpp, and for TLS
-// (the heaviest) websocket_tls.cpp, websocket_tls_io.cpp and websocket_tls_handshake.cpp.
+// (the heaviest) websocket_tls_io.cpp and websocket_tls_handshake.cpp; websocket.cpp has the
+// factories and the blocking open.
 // Private to src/client.
 #pragma once
 

@@ -13,11 +13,4 @@ std::unique_ptr<Websocket> tcp_client(net::io_context& ioc) {
   return std::make_unique<WebsocketOver<Websocket::Tcp>>(nullptr, ioc);
 }
 
-std::unique_ptr<Websocket> Websocket::client(const Endpoint& ep, std::shared_ptr<ssl::context> tls,
-                                             net::io_context& ioc) {
-  if (ep.is_unix()) return unix_client(ioc);
-  if (tls) return tls_client(std::move(tls), ioc);
-  return tcp_client(ioc);
-}
-
 }  // namespace kgate::client

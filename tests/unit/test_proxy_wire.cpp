@@ -1,6 +1,7 @@
 // Unit tests for kgate proxy-kernel's pure helpers: which kernel it attaches to, and reading the
 // server's v1 websocket frames (checked against ws_codec's encoder and by hand-built frames).
 #include "kgate/client/proxy_wire.hpp"
+#include "kgate/client/listing.hpp"
 
 #include <gtest/gtest.h>
 
@@ -56,6 +57,14 @@ TEST(MatchKernel, ExactIdOrAUniquePrefix) {
   EXPECT_NE(err.find("ambiguous"), std::string::npos) << err;
   EXPECT_EQ(match_kernel(list, "zz", err), "");
   EXPECT_NE(err.find("kgate kernel zz is gone"), std::string::npos) << err;
+}
+
+TEST(KernelsMatching, WhatEveryCallerOfAPrefixGets) {
+  json list = json::parse(R"([{"id":"abc"},{"id":"abc-1"},{"id":"abd-2"},{"x":1},{"id":7}])");
+  EXPECT_EQ(kgate::client::kernels_matching(list, "abc"), std::vector<std::string>{"abc"});
+  EXPECT_EQ(kgate::client::kernels_matching(list, "ab"), (std::vector<std::string>{"abc", "abc-1", "abd-2"}));
+  EXPECT_TRUE(kgate::client::kernels_matching(list, "zz").empty());
+  EXPECT_TRUE(kgate::client::kernels_matching(json::object(), "a").empty());
 }
 
 TEST(DecodeV1, ReadsWhatTheServerEncodes) {

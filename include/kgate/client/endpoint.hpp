@@ -37,4 +37,9 @@ bool parse_endpoint_url(const std::string& url, Endpoint& ep, std::string& error
 // RFC 3986 percent-encoding of a query value (every byte but unreserved characters).
 std::string percent_encode(std::string_view s);
 
+// Decodes the %-escapes of `in` into `out` (and '+' into a space when `plus_is_space`: a query
+// component as HTML forms write it), with uriparser.  False when an escape is not '%' and two
+// hex digits (uriparser would keep such a one as it is): a request with one is refused.
+bool percent_decode(std::string_view in, std::string& out, bool plus_is_space);
+
 }  // namespace kgate::client

@@ -98,4 +98,8 @@ json render_json(const RemoteListing& l);
 // message about an unknown name.
 std::string known_gateways_hint(const Config& cfg);
 
+// The ids of a GET api/kernels reply that `prefix` names: the one equal to it, else every id that
+// starts with it (none, one, or several: the caller says which is an error, in its own words).
+std::vector<std::string> kernels_matching(const json& kernels, const std::string& prefix);
+
 }  // namespace kgate::client

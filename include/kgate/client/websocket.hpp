@@ -93,6 +93,15 @@ class Websocket {
   // io_context; `resolver` outlives the operation.
   virtual void async_open(boost::asio::ip::tcp::resolver& resolver, const Endpoint& ep, std::string target,
                           std::string subprotocol, std::chrono::milliseconds timeout, OpenHandler done) = 0;
+
+  // The same, blocking: runs `ioc` (which has nothing else to do) until the handshake is done,
+  // then restarts it for the caller's loop.  Once open, Beast's suggested client timeouts are
+  // set (pings when idle; the caller may set others).  Returns "" and no `ec` when open, else
+  // why not, as one sentence (a failed TLS handshake or Unix connect named).  `protocol`, when
+  // given, gets the subprotocol the server chose.
+  std::string open(boost::asio::io_context& ioc, const Endpoint& ep, const std::string& target,
+                   const std::string& subprotocol, std::chrono::milliseconds timeout, error_code& ec,
+                   std::string* protocol = nullptr);
 };
 
 }  // namespace kgate::client
