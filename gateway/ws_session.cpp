@@ -98,11 +98,11 @@ bool WsSession::fits(const OutPtr& m) const {
 }
 
 void WsSession::deliver(const OutPtr& m) {
-  if (finished_) return;  // detached: the hub no longer routes here
+  if (detached_) return;  // the hub no longer routes here
   if (spill_.empty() && fits(m)) {
     queue_.push_back(m);
     queued_bytes_ += m->bytes();
-    if (!writing_ && !closing_) do_write();
+    if (!writing_ && !closing_ && !finished_) do_write();
     return;
   }
   if (!warned_slow_) {
@@ -154,11 +154,14 @@ void WsSession::do_write() {
 void WsSession::on_write(beast::error_code ec, std::size_t) {
   writing_ = false;
   if (ec) {
+    // Not (wholly) sent: the front stays in the queue, and so goes to the session's replay.
+    if (finished_) return detach();
     finish();
     return;
   }
   queued_bytes_ -= queue_.front()->bytes();
   queue_.pop_front();
+  if (finished_) return detach();  // the connection ended while this write was in flight
   refill();
   if (closing_) {
     close(close_code_, close_reason_);
@@ -220,13 +223,23 @@ void WsSession::close(websocket::close_code code, const std::string& reason) {
 void WsSession::finish() {
   if (finished_) return;
   finished_ = true;
+  // A write in flight ends now, with an error, or with success if its bytes had already all gone
+  // to the socket (its completion queued behind the read error that brought us here): on_write
+  // knows which, and detaches then, so that a message the client got is not also counted as
+  // unsent (replayed twice, or reported dropped).
+  ws_->close_transport();
+  if (!writing_) detach();
+}
+
+void WsSession::detach() {
+  if (detached_) return;
+  detached_ = true;
   Unsent unsent;
   if (attached_) {
     attached_ = false;
     unsent = take_unsent();
   }
   if (counted_) server_.hub().detach(kernel_, this, route_, std::move(unsent));
-  ws_->close_transport();
   spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);
 }
 

@@ -42,7 +42,8 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void do_write();
   void on_write(beast::error_code ec, std::size_t n);
   void close(websocket::close_code code, const std::string& reason);
-  void finish();  // detach from the hub exactly once
+  void finish();  // the connection is over: closes it, then detach() (at once, or after the write in flight)
+  void detach();  // from the hub, exactly once, with what was not sent
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Server& server_;
@@ -67,6 +68,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   bool counted_ = false;   // the hub counts this connection: detach() exactly once
   bool closing_ = false;
   bool finished_ = false;
+  bool detached_ = false;  // deliver() queues nothing more
   bool close_sent_ = false;
   websocket::close_code close_code_ = websocket::close_code::normal;
   std::string close_reason_;
