@@ -172,7 +172,9 @@ int run(const std::vector<std::string>& argv, std::ostream& out) {
   RunOptions o;
   o.argv = argv;
   o.env = current_environment();
-  o.cwd = fs::current_path();
+  std::error_code cwd_error;  // a deleted working directory: run from / rather than throw
+  o.cwd = fs::current_path(cwd_error);
+  if (cwd_error) o.cwd = "/";
   o.capture = false;
   o.timeout = kRunTimeout;
   const RunResult r = kgate::run(o);  // not this file's run()
