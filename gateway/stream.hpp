@@ -1,7 +1,7 @@
 // The byte streams a gateway connection runs over: plain TCP, TLS over TCP, or a Unix stream
-// socket, as one std::variant for HTTP (the session writes its I/O once, in generic lambdas
-// handed to std::visit).  A websocket is made by moving the whole HTTP stream into a
-// client::Websocket (TLS state included), whose Beast stream is compiled in src/client only.
+// socket, as one std::variant for HTTP (read and written through http_io.hpp; deadlines set in
+// generic lambdas handed to std::visit).  A websocket is made by moving the whole HTTP stream
+// into a client::Websocket (TLS state included), whose Beast stream is compiled in src/client only.
 #pragma once
 
 #include <memory>
