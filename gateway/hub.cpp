@@ -11,12 +11,12 @@ OutMsg::OutMsg(KernelMessagePtr m, std::uint64_t seq) : msg_(std::move(m)), seq_
   for (auto& b : w.buffers) bytes_ += b.size();
 }
 
-const WsFrame& OutMsg::frame(WsProtocol p) {
+const WsGather& OutMsg::frame(WsProtocol p) {
   if (p == WsProtocol::v1) {
-    if (!v1_) v1_ = encode_v1(*msg_);
+    if (!v1_) v1_ = gather_v1(*msg_);
     return *v1_;
   }
-  if (!legacy_) legacy_ = encode_legacy(*msg_);
+  if (!legacy_) legacy_ = gather_legacy(*msg_);
   return *legacy_;
 }
 

@@ -18,7 +18,9 @@
 
 namespace kgate::gw {
 
-// One message from a kernel on its way to clients, encoded at most once per protocol.
+// One message from a kernel on its way to clients, encoded at most once per protocol.  The
+// encoded frames are views of the message's parts plus kgate's few bytes around them (WsGather):
+// the parts are sent from where they are, never copied into a frame.
 class OutMsg {
  public:
   OutMsg(KernelMessagePtr m, std::uint64_t seq);
@@ -26,13 +28,13 @@ class OutMsg {
   std::uint64_t seq() const { return seq_; }
   // Bytes this message holds (its parts), the unit of every queue and replay limit.
   std::size_t bytes() const { return bytes_; }
-  const WsFrame& frame(WsProtocol p);
+  const WsGather& frame(WsProtocol p);
 
  private:
   KernelMessagePtr msg_;
   std::uint64_t seq_;
   std::size_t bytes_;
-  std::optional<WsFrame> legacy_, v1_;
+  std::optional<WsGather> legacy_, v1_;
 };
 using OutPtr = std::shared_ptr<OutMsg>;
 

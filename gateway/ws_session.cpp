@@ -146,9 +146,12 @@ void WsSession::refill() {
 void WsSession::do_write() {
   if (queue_.empty() || closing_) return;
   writing_ = true;
-  const WsFrame& f = queue_.front()->frame(proto_);
-  ws_->binary(f.binary);
-  ws_->async_write(net::buffer(f.data), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+  const WsGather& f = queue_.front()->frame(proto_);
+  Websocket::Buffers pieces;
+  pieces.reserve(f.count());
+  for (std::size_t i = 0; i < f.count(); ++i) pieces.emplace_back(net::buffer(f.piece(i)));
+  ws_->binary(f.binary());
+  ws_->async_write(std::move(pieces), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
 }
 
 void WsSession::on_write(beast::error_code ec, std::size_t) {

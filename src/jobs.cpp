@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iomanip>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include <simdjson.h>
@@ -78,42 +81,123 @@ std::optional<int> int_field(const json& j, const char* key) {
   return std::nullopt;
 }
 
-// The unescaped "text" of a stream message's content, parsed with simdjson: output is the
-// bulk of what kernels send, and this runs on the kernel I/O thread for every stream message
-// of a recorded cell.
-// Messages up to kReusedParserBytes reuse one parser per thread; a bigger one (a flood sends
-// messages of 1-16 MB) gets a parser of its own that is freed with it, so the buffers a parser
-// grows to are not kept for the life of the thread.
+// A stream message's "text", recorded without copying or unescaping the whole message at once
+// (a flood sends messages of 1-20 MB, and each fresh buffer of that size costs a page fault per
+// 4 KiB on top of the copy).  simdjson finds the text's token in the content: in place when the
+// content has simdjson's padding spare in its capacity (kgate::decode reserves it), else in a
+// padded copy.  The token is then unescaped by simdjson a chunk at a time into two small buffers
+// kept per thread.  Chunks so far from the end that none of their text can be in the job's kept
+// tail are only counted (TailText::skip): each byte of output takes at most 6 bytes of JSON
+// (`\u0001`), so the last 6 x cap bytes of the token always unescape to at least cap bytes.
 constexpr std::size_t kReusedParserBytes = 256u << 10;
+constexpr std::size_t kChunkBytes = 256u << 10;
+static_assert(simdjson::SIMDJSON_PADDING <= kJsonPadding, "kgate::decode must reserve simdjson's padding");
 
-struct StreamParser {
+// Where the JSON string body `raw` (no quotes) may be cut at or before `want` (> from) without
+// splitting an escape (`\x`, `\uXXXX`, or a `\uD8xx\uDCxx` pair) or a UTF-8 sequence, scanning
+// from `from`, a point known to be between two of them.  Only the escapes' lengths are read
+// here; simdjson decodes them.
+std::size_t cut_point(std::string_view raw, std::size_t from, std::size_t want) {
+  std::size_t pos = from;
+  while (true) {
+    std::size_t b = raw.find('\\', pos);
+    if (b == std::string_view::npos || b >= want) break;
+    std::size_t len = b + 1 < raw.size() && raw[b + 1] == 'u' ? 6 : 2;
+    if (len == 6 && b + 12 <= raw.size() && raw[b + 6] == '\\' && raw[b + 7] == 'u' &&
+        (raw[b + 2] == 'd' || raw[b + 2] == 'D')) {
+      char c = raw[b + 3];
+      if (c == '8' || c == '9' || c == 'a' || c == 'b' || c == 'A' || c == 'B')
+        len = 12;  // a high surrogate and what follows it decode as one character
+    }
+    if (b + len > want) return b > from ? b : b + len;  // the cut would split this escape
+    pos = b + len;
+  }
+  std::size_t cut = want;
+  while (cut > from && continuation(raw[cut])) --cut;
+  return cut > from ? cut : want;
+}
+
+struct StreamReader {
   simdjson::ondemand::parser parser;
   simdjson::padded_string padded;
   simdjson::ondemand::document doc;
-  bool text(const std::string& content, std::string_view& out) {
-    padded = simdjson::padded_string(content);
-    auto err = parser.iterate(padded).get(doc);
+  // The body of content's "text" string token, a view of `content` or of `padded`.
+  bool token(const std::string& content, std::string_view& body) {
+    simdjson::error_code err;
+    if (content.capacity() >= content.size() + simdjson::SIMDJSON_PADDING) {
+      err = parser.iterate(simdjson::padded_string_view(content.data(), content.size(), content.capacity()))
+                .get(doc);
+    } else {
+      padded = simdjson::padded_string(content);
+      err = parser.iterate(padded).get(doc);
+    }
     if (err == simdjson::UTF8_ERROR) {  // bytes that are not UTF-8 (see parse_part): replaced
       padded = simdjson::padded_string(valid_utf8(content));
       err = parser.iterate(padded).get(doc);
     }
     if (err) return false;
-    return !doc["text"].get_string().get(out);
+    simdjson::ondemand::value text;
+    simdjson::ondemand::json_type type;
+    if (doc["text"].get(text) || text.type().get(type) || type != simdjson::ondemand::json_type::string)
+      return false;
+    std::string_view tok = text.raw_json_token();
+    while (!tok.empty() && tok.back() != '"') tok.remove_suffix(1);  // the spaces after it
+    if (tok.size() < 2 || tok.front() != '"') return false;
+    body = tok.substr(1, tok.size() - 2);
+    return true;
   }
 };
 
-template <class Fn>
-bool with_stream_text(const std::string& content, Fn&& fn) {
-  std::string_view text;
-  if (content.size() <= kReusedParserBytes) {
-    static thread_local StreamParser reused;
-    if (!reused.text(content, text)) return false;
-    fn(text);
-    return true;
+// The two chunk buffers, and a parser only for its unescaper; one per thread (the kernel I/O
+// thread in kgate): 2 x (kChunkBytes + padding) held for the thread's life.
+struct Unescaper {
+  simdjson::ondemand::parser parser;
+  // A chunk is at most kChunkBytes plus one escape (12 bytes) that began before its end.
+  static constexpr std::size_t kMax = kChunkBytes + 16;
+  std::unique_ptr<std::uint8_t[]> in{new std::uint8_t[kMax + 1 + simdjson::SIMDJSON_PADDING]};
+  std::unique_ptr<std::uint8_t[]> out{new std::uint8_t[kMax + simdjson::SIMDJSON_PADDING]};
+  Unescaper() {
+    if (parser.allocate(simdjson::SIMDJSON_PADDING) != simdjson::SUCCESS) throw std::bad_alloc();
   }
-  StreamParser own;
-  if (!own.text(content, text)) return false;
-  fn(text);
+  bool unescape(std::string_view raw, std::string_view& text) {
+    std::memcpy(in.get(), raw.data(), raw.size());
+    in[raw.size()] = '"';
+    std::memset(in.get() + raw.size() + 1, 0, simdjson::SIMDJSON_PADDING);
+    std::uint8_t* dst = out.get();
+    return !parser.unescape(simdjson::ondemand::raw_json_string(in.get()), dst).get(text);
+  }
+};
+
+// Appends the stream text of `content` to `out`, valid UTF-8 (see append_valid).  False when the
+// content is not a stream message's JSON; what was appended before a bad escape stays.
+bool record_stream_text(const std::string& content, TailText& out) {
+  std::string_view body;
+  std::optional<StreamReader> own;
+  StreamReader* reader;
+  if (content.size() <= kReusedParserBytes) {
+    static thread_local StreamReader reused;
+    reader = &reused;
+  } else {
+    reader = &own.emplace();  // its buffers go with it, not kept for the thread's life
+  }
+  if (!reader->token(content, body)) return false;
+  static thread_local Unescaper unescaper;
+  // Where the chunks that may reach the kept tail begin.
+  const std::size_t tail_from =
+      out.cap() && body.size() / 6 > out.cap() ? body.size() - 6 * out.cap() : 0;
+  for (std::size_t pos = 0; pos < body.size();) {
+    std::size_t want = std::min(body.size(), pos + kChunkBytes);
+    if (pos < tail_from) want = std::min(want, tail_from);
+    std::size_t cut = want == body.size() ? want : cut_point(body, pos, want);
+    std::string_view text;
+    if (!unescaper.unescape(body.substr(pos, cut - pos), text)) return false;
+    if (cut <= tail_from) {
+      out.skip(is_valid_utf8(text) ? text.size() : valid_utf8(text).size());
+    } else {
+      append_valid(out, text);
+    }
+    pos = cut;
+  }
   return true;
 }
 
@@ -217,6 +301,11 @@ void TailText::append(std::string_view s) {
     std::size_t from = utf8_boundary(buf_, buf_.size() - cap_);
     buf_.erase(0, from);
   }
+}
+
+void TailText::skip(std::size_t n) {
+  total_ += n;
+  buf_.clear();
 }
 
 std::string_view TailText::text() const {
@@ -378,11 +467,9 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       // Most iopub traffic is not a recorded cell's (kernel_info, comms): skip it unparsed.
       if (!j && t != "execute_input") return;
       if (t == "stream") {
-        with_stream_text(m.wire.content, [&](std::string_view text) {
-          std::size_t before = j->bytes();
-          append_valid(j->output, text);
-          add_bytes(before, *j);
-        });
+        std::size_t before = j->bytes();
+        record_stream_text(m.wire.content, j->output);
+        add_bytes(before, *j);
         if (bytes_ > limits_.budget_bytes) enforce_locked();
         return;  // output is not a lifecycle change: nothing to notify
       }

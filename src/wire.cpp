@@ -247,7 +247,8 @@ std::error_code decode(const std::vector<std::string_view>& frames, const Signer
     msg.header = header;
     msg.parent_header = parent;
     msg.metadata = metadata;
-    msg.content = content;
+    msg.content.reserve(content.size() + kJsonPadding);
+    msg.content.assign(content);
     msg.buffers.assign(frames.begin() + static_cast<std::ptrdiff_t>(delim + 6), frames.end());
     out = std::move(msg);
     return {};

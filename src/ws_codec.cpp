@@ -27,27 +27,25 @@ std::uint64_t get_u64le(const unsigned char* p) {
 }
 
 // {"header":H,"parent_header":P,"metadata":M,"content":C,[buffers:[],]"msg_id":..,"msg_type":..,"channel":..}
-std::string legacy_json(const KernelMessage& m, bool with_buffers_key) {
+void legacy_json(const KernelMessage& m, bool with_buffers_key, WsGather& out) {
   const WireMessage& w = m.wire;
-  std::string out;
-  out.reserve(w.header.size() + w.parent_header.size() + w.metadata.size() + w.content.size() + 160);
-  out += "{\"header\":";
-  out += w.header;
-  out += ",\"parent_header\":";
-  out += w.parent_header.empty() ? std::string_view("{}") : std::string_view(w.parent_header);
-  out += ",\"metadata\":";
-  out += w.metadata.empty() ? std::string_view("{}") : std::string_view(w.metadata);
-  out += ",\"content\":";
-  out += w.content.empty() ? std::string_view("{}") : std::string_view(w.content);
-  if (with_buffers_key) out += ",\"buffers\":[]";
-  out += ",\"msg_id\":";
-  out += json(m.msg_id).dump();
-  out += ",\"msg_type\":";
-  out += json(m.msg_type).dump();
-  out += ",\"channel\":\"";
-  out += channel_name(m.channel);
-  out += "\"}";
-  return out;
+  auto part = [](const std::string& s) { return s.empty() ? std::string_view("{}") : std::string_view(s); };
+  out.own("{\"header\":");
+  out.view(w.header);
+  out.own(",\"parent_header\":");
+  out.view(part(w.parent_header));
+  out.own(",\"metadata\":");
+  out.view(part(w.metadata));
+  out.own(",\"content\":");
+  out.view(part(w.content));
+  if (with_buffers_key) out.own(",\"buffers\":[]");
+  out.own(",\"msg_id\":");
+  out.own(json(m.msg_id).dump());
+  out.own(",\"msg_type\":");
+  out.own(json(m.msg_type).dump());
+  out.own(",\"channel\":\"");
+  out.own(channel_name(m.channel));
+  out.own("\"}");
 }
 
 // header.msg_id and header.msg_type, both required non-empty strings.
@@ -168,48 +166,87 @@ std::string split_v1(std::string_view data, std::vector<std::string_view>& parts
   return {};
 }
 
-WsFrame encode_legacy(const KernelMessage& m) {
-  if (m.wire.buffers.empty()) return WsFrame{legacy_json(m, true), false};
-  std::string js = legacy_json(m, false);
-  std::uint32_t n = std::uint32_t(1 + m.wire.buffers.size());
-  std::size_t total = 4 + 4 * std::size_t(n) + js.size();
-  for (auto& b : m.wire.buffers) total += b.size();
-  std::string out;
-  out.reserve(total);
-  put_u32be(out, n);
-  std::size_t off = 4 + 4 * std::size_t(n);
-  put_u32be(out, std::uint32_t(off));
-  off += js.size();
-  for (std::size_t i = 0; i + 1 < m.wire.buffers.size(); ++i) {
-    put_u32be(out, std::uint32_t(off));
-    off += m.wire.buffers[i].size();
+void WsGather::own(std::string_view s) {
+  if (s.empty()) return;
+  if (!pieces_.empty() && !pieces_.back().ext && pieces_.back().pos + pieces_.back().len == own_.size()) {
+    pieces_.back().len += s.size();  // continues the last piece
+  } else {
+    pieces_.push_back(Piece{nullptr, own_.size(), s.size()});
   }
-  if (!m.wire.buffers.empty()) put_u32be(out, std::uint32_t(off));
-  out += js;
-  for (auto& b : m.wire.buffers) out += b;
-  return WsFrame{std::move(out), true};
+  own_.append(s);
+  size_ += s.size();
 }
 
-WsFrame encode_v1(const KernelMessage& m) {
+void WsGather::view(std::string_view s) {
+  if (s.size() < kCopyBelow) return own(s);
+  pieces_.push_back(Piece{s.data(), 0, s.size()});
+  size_ += s.size();
+}
+
+WsFrame WsGather::flatten() const {
+  WsFrame f;
+  f.binary = binary_;
+  f.data.reserve(size_);
+  for (std::size_t i = 0; i < pieces_.size(); ++i) f.data += piece(i);
+  return f;
+}
+
+WsGather gather_legacy(const KernelMessage& m) {
+  if (m.wire.buffers.empty()) {
+    WsGather out(false);
+    legacy_json(m, true, out);
+    return out;
+  }
+  // The JSON's length goes in the offset table before it, so it is built first, on its own.
+  WsGather js(true);
+  legacy_json(m, false, js);
+  std::uint32_t n = std::uint32_t(1 + m.wire.buffers.size());
+  std::string table;
+  table.reserve(4 + 4 * std::size_t(n));
+  put_u32be(table, n);
+  std::size_t off = 4 + 4 * std::size_t(n);
+  put_u32be(table, std::uint32_t(off));
+  off += js.size();
+  for (std::size_t i = 0; i + 1 < m.wire.buffers.size(); ++i) {
+    put_u32be(table, std::uint32_t(off));
+    off += m.wire.buffers[i].size();
+  }
+  put_u32be(table, std::uint32_t(off));
+  WsGather out(true);
+  out.own(table);
+  for (std::size_t i = 0; i < js.count(); ++i) {
+    // js's own bytes are copied (js goes away); its views still point into m.
+    if (js.owned(i)) out.own(js.piece(i));
+    else out.view(js.piece(i));
+  }
+  for (auto& b : m.wire.buffers) out.view(b);
+  return out;
+}
+
+WsGather gather_v1(const KernelMessage& m) {
   const WireMessage& w = m.wire;
   std::string_view ch = channel_name(m.channel);
   std::vector<std::string_view> segs = {ch, w.header, w.parent_header, w.metadata, w.content};
   for (auto& b : w.buffers) segs.emplace_back(b);
   std::uint64_t n = segs.size() + 1;
-  std::string out;
-  std::size_t total = 8 * (n + 1);
-  for (auto s : segs) total += s.size();
-  out.reserve(total);
-  put_u64le(out, n);
+  std::string table;
+  table.reserve(8 * (n + 1));
+  put_u64le(table, n);
   std::uint64_t off = 8 * (n + 1);
   for (auto s : segs) {
-    put_u64le(out, off);
+    put_u64le(table, off);
     off += s.size();
   }
-  put_u64le(out, off);
-  for (auto s : segs) out += s;
-  return WsFrame{std::move(out), true};
+  put_u64le(table, off);
+  WsGather out(true);
+  out.own(table);
+  for (auto s : segs) out.view(s);
+  return out;
 }
+
+WsFrame encode_legacy(const KernelMessage& m) { return gather_legacy(m).flatten(); }
+
+WsFrame encode_v1(const KernelMessage& m) { return gather_v1(m).flatten(); }
 
 std::string decode_client(std::string_view data, WsProtocol proto, ClientMessage& out) {
   if (proto == WsProtocol::v1) return decode_v1(data, out);

@@ -46,6 +46,10 @@ class TailText {
   TailText() = default;
   explicit TailText(std::size_t cap) : cap_(cap) {}
   void append(std::string_view s);
+  // Text that at least cap() more bytes will follow: counted, not kept (none of it can be in
+  // the tail).  What was kept before goes too, as the text after it will push it out anyway.
+  void skip(std::size_t n);
+  std::size_t cap() const { return cap_; }
   std::string_view text() const;  // at most cap bytes: the tail
   std::size_t cut() const { return total_ - text().size(); }  // bytes cut from the front
   std::size_t held() const { return buf_.capacity(); }        // bytes in memory

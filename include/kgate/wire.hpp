@@ -65,6 +65,10 @@ class Signer {
   std::size_t hex_len_ = 0;
 };
 
+// Spare capacity decode() leaves after a message's content, so a JSON parser that reads past
+// the end in blocks (simdjson: SIMDJSON_PADDING) can parse it in place.
+inline constexpr std::size_t kJsonPadding = 64;
+
 struct DecodeLimits {
   std::size_t max_message_bytes = std::size_t{1} << 30;  // 1 GiB over all frames
 };

@@ -34,7 +34,8 @@ class WebsocketOver final : public Websocket {
   // The operations: declared here, defined in websocket_ops.hpp, which only the units that
   // compile them include (the TLS stream's are split over two units).
   void async_read(beast::flat_buffer& buf, IoHandler done) override;
-  void async_write(net::const_buffer data, IoHandler done) override;
+  using Websocket::async_write;
+  void async_write(Buffers data, IoHandler done) override;
   void async_close(const websocket::close_reason& why, Handler done) override;
   void async_accept(const http::request<http::string_body>& req, Handler done) override;
   void expires_never() override { beast::get_lowest_layer(ws_).expires_never(); }

@@ -41,8 +41,8 @@ void WebsocketOver<Next>::async_read(beast::flat_buffer& buf, IoHandler done) {
 }
 
 template <class Next>
-void WebsocketOver<Next>::async_write(net::const_buffer data, IoHandler done) {
-  ws_.async_write(data, std::move(done));
+void WebsocketOver<Next>::async_write(Buffers data, IoHandler done) {
+  ws_.async_write(std::move(data), std::move(done));
 }
 
 template <class Next>

@@ -4,6 +4,6 @@
 namespace kgate::client {
 
 template void WebsocketOver<Websocket::Tls>::async_read(beast::flat_buffer&, IoHandler);
-template void WebsocketOver<Websocket::Tls>::async_write(net::const_buffer, IoHandler);
+template void WebsocketOver<Websocket::Tls>::async_write(Buffers, IoHandler);
 
 }  // namespace kgate::client

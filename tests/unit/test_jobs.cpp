@@ -832,6 +832,53 @@ TEST(JobStore, TheTextAroundBadBytesIsKept) {
   EXPECT_NO_THROW(std::ignore = job_json(j, true, std::chrono::steady_clock::now()).dump());
 }
 
+// Stream messages of megabytes are unescaped a chunk at a time, and only the chunks that can
+// reach the kept tail are kept: every escape (short, \uXXXX, surrogate pairs) and UTF-8 sequence
+// across every chunk edge, both with simdjson's padding in the content's capacity and without.
+TEST(JobStore, LargeStreamMessagesKeepTheExactTailAndCount) {
+  std::mt19937 rng(7);
+  const std::vector<std::string> bits = {"x", "yz ", "\n", "\"", "\\", "\t", "\x01", "\x1f", "/",
+                                         "\u00e9", "\u2603", "\U0001F600", "\r\n", "0123456789"};
+  auto make_text = [&](std::size_t n) {
+    std::string t;
+    while (t.size() < n) t += bits[rng() % bits.size()];
+    return t;
+  };
+  for (std::size_t size : {std::size_t(1) << 10, std::size_t(300) << 10, std::size_t(3) << 20}) {
+    for (bool ascii : {false, true}) {
+      for (bool padded : {false, true}) {
+        SCOPED_TRACE("size " + std::to_string(size) + (ascii ? " ascii" : " utf8") + (padded ? " padded" : ""));
+        Fixture f;
+        f.foreign_begin("u1", "flood()");
+        std::string expected;
+        for (int part = 0; part < 2; ++part) {
+          std::string text = make_text(size);
+          expected += text;
+          json c = {{"name", "stdout"}, {"text", text}};
+          // ensure_ascii: what Python's json.dumps writes by default (\uXXXX, surrogate pairs).
+          std::string content = c.dump(-1, ' ', ascii);
+          auto m = synthesize_message(Channel::iopub, "stream", "kernel-session",
+                                      json{{"msg_id", "u1"}, {"session", "someone-else"}}.dump(), json::object());
+          m.synthesized = false;
+          m.wire.content.clear();
+          m.wire.content.shrink_to_fit();
+          if (padded) m.wire.content.reserve(content.size() + kJsonPadding);
+          m.wire.content.append(content);
+          f.store->on_kernel_message(f.kernel, std::make_shared<const KernelMessage>(std::move(m)));
+        }
+        f.idle("u1");
+        Job j = f.job("job-1");
+        const std::size_t cap = RecordLimits{}.job_output_bytes;
+        std::size_t from = expected.size() > cap ? expected.size() - cap : 0;
+        while (from < expected.size() && (static_cast<unsigned char>(expected[from]) & 0xC0) == 0x80) ++from;
+        EXPECT_EQ(j.output.total(), expected.size());
+        ASSERT_EQ(j.output.text().size(), expected.size() - from);
+        EXPECT_TRUE(j.output.text() == std::string_view(expected).substr(from)) << "the kept tail differs";
+      }
+    }
+  }
+}
+
 TEST(JobStore, CodeAndLabelsThatAreNotUtf8AreRepairedNotThrown) {
   Fixture f;
   Outcome out;

@@ -304,6 +304,72 @@ TEST(EncodeV1, RoundTripsThroughDecodeClient) {
   EXPECT_EQ(out.wire.buffers[1], "");
 }
 
+// ---- gathered frames: large parts are sent from the message, not copied -----------------
+
+// Whether one of g's pieces is `part` itself (the same bytes in memory, not a copy).
+bool sent_in_place(const WsGather& g, const std::string& part) {
+  for (std::size_t i = 0; i < g.count(); ++i)
+    if (g.piece(i).data() == part.data() && g.piece(i).size() == part.size() && !g.owned(i)) return true;
+  return false;
+}
+
+KernelMessage big_message(Channel ch, std::vector<std::string> buffers = {}) {
+  KernelMessage m = make_kernel_message(ch, std::move(buffers));
+  m.wire.content = R"({"name": "stdout", "text": ")" + std::string(100000, 'x') + R"(\n"})";
+  return m;
+}
+
+TEST(WsGather, SmallMessageIsOnePiece) {
+  const KernelMessage m = make_kernel_message(Channel::iopub);
+  EXPECT_EQ(gather_legacy(m).count(), 1u);
+  EXPECT_EQ(gather_v1(m).count(), 1u);
+  EXPECT_EQ(gather_legacy(m).flatten().data, encode_legacy(m).data);
+}
+
+TEST(WsGather, LegacyJsonSendsLargeContentInPlace) {
+  const KernelMessage m = big_message(Channel::iopub);
+  const WsGather g = gather_legacy(m);
+  EXPECT_FALSE(g.binary());
+  EXPECT_TRUE(sent_in_place(g, m.wire.content));
+  const WsFrame f = g.flatten();
+  EXPECT_EQ(f.data.size(), g.size());
+  const json j = json::parse(f.data);
+  EXPECT_EQ(j.at("content"), json::parse(m.wire.content));
+  EXPECT_EQ(j.at("header"), json::parse(kHeader));
+  EXPECT_EQ(j.at("channel"), "iopub");
+}
+
+TEST(WsGather, LegacyBinarySendsContentAndBuffersInPlace) {
+  std::vector<std::string> bufs = {std::string(50000, '\xff'), std::string("small"), all_bytes()};
+  KernelMessage m = big_message(Channel::iopub, bufs);
+  // Parts each under the copy threshold that together make one own piece over it: those bytes
+  // must be copied out of the JSON's own buffer, not referenced.
+  m.wire.metadata = R"({"pad": ")" + std::string(3000, 'm') + R"("})";
+  m.wire.parent_header = R"({"msg_id": "p-9", "pad": ")" + std::string(3000, 'p') + R"("})";
+  const WsGather g = gather_legacy(m);
+  ASSERT_TRUE(g.binary());
+  EXPECT_TRUE(sent_in_place(g, m.wire.content));
+  EXPECT_TRUE(sent_in_place(g, m.wire.buffers[0]));
+  const LegacyBinary d = jupyter_deserialize_binary(g.flatten().data);
+  EXPECT_EQ(d.msg.at("content"), json::parse(m.wire.content));
+  EXPECT_EQ(d.msg.at("metadata"), json::parse(m.wire.metadata));
+  EXPECT_EQ(d.msg.at("parent_header"), json::parse(m.wire.parent_header));
+  ASSERT_EQ(d.buffers.size(), bufs.size());
+  for (std::size_t i = 0; i < bufs.size(); ++i) EXPECT_EQ(hex(d.buffers[i]), hex(bufs[i])) << i;
+}
+
+TEST(WsGather, V1SendsLargePartsInPlace) {
+  const KernelMessage m = big_message(Channel::shell, {std::string(8192, 'b')});
+  const WsGather g = gather_v1(m);
+  EXPECT_TRUE(sent_in_place(g, m.wire.content));
+  EXPECT_TRUE(sent_in_place(g, m.wire.buffers[0]));
+  ClientMessage out;
+  decode_ok(g.flatten().data, WsProtocol::v1, out);
+  EXPECT_EQ(out.wire.content, m.wire.content);
+  ASSERT_EQ(out.wire.buffers.size(), 1u);
+  EXPECT_EQ(out.wire.buffers[0], m.wire.buffers[0]);
+}
+
 // ---- cross-checks against jupyter_server ------------------------------------------------
 
 const char* kPyDecode = R"PY(

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
@@ -76,7 +77,13 @@ class Websocket {
 
   // Operations, as Beast's.
   virtual void async_read(boost::beast::flat_buffer& buf, IoHandler done) = 0;
-  virtual void async_write(boost::asio::const_buffer data, IoHandler done) = 0;
+  // One message from these pieces, in order (a gathered write: nothing is copied to join them).
+  // The bytes must stay put until `done` runs.
+  using Buffers = std::vector<boost::asio::const_buffer>;
+  virtual void async_write(Buffers data, IoHandler done) = 0;
+  void async_write(boost::asio::const_buffer data, IoHandler done) {
+    async_write(Buffers{data}, std::move(done));
+  }
   virtual void async_close(const boost::beast::websocket::close_reason& why, Handler done) = 0;
 
   // Server side: answers the upgrade request `req` (already read and authorised).
