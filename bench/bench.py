@@ -7,10 +7,12 @@ Environment:
   KGATE_BIN      kgate binary           (default <repo>/build/gateway/kgate)
   BENCH_N        execute round trips    (default 200)
   BENCH_MB       flood size, megabytes  (default 20)
+  BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, median reported (default 3)
+  BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
   BENCH_REPS     latency repetitions, interleaved direct/peer/kgate (default 2)
   BENCH_COLD     kgate cold starts, median reported (default 5)
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
-  BENCH_BUDGET   total time budget, seconds (default 280)
+  BENCH_BUDGET   total time budget, seconds (default 600)
   BENCH_OUT      results JSON           (default bench/results/latest.json)
   BENCH_KEEP_TMP=1  keep the temp dir (server logs) for inspection
 
@@ -48,7 +50,9 @@ MB = int(os.environ.get("BENCH_MB", "20"))
 REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
 COLD = max(1, int(os.environ.get("BENCH_COLD", "5")))
 PEER_COLD = max(2, int(os.environ.get("BENCH_PEER_COLD", "3")))
-BUDGET = float(os.environ.get("BENCH_BUDGET", "280"))
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
+PRINTS = max(0, int(os.environ.get("BENCH_PRINTS", "100000")))
+BUDGET = float(os.environ.get("BENCH_BUDGET", "600"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "results", "latest.json"))
 KEEP_TMP = os.environ.get("BENCH_KEEP_TMP") == "1"
 
@@ -424,13 +428,13 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kgate-bench-")
     bench_env = private_env(os.path.join(tmp, "client"))
     R = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
-                  "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS,
+                  "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS, "rounds": ROUNDS, "prints": PRINTS,
                   "kgate_cold_starts": COLD, "peer_cold_starts": PEER_COLD, "kgate_bin": KGATE_BIN,
                   "client": os.path.relpath(CLIENT, _REPO), "versions": versions(),
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
-         "direct": {"latency": []}, "peer": {"latency": [], "cold_start_ms": []},
-         "kgate": {"latency": [], "cold_start_ms": []}, "errors": []}
+         "direct": {"latency": [], "flood_rounds": []}, "peer": {"latency": [], "cold_start_ms": [], "flood_rounds": []},
+         "kgate": {"latency": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
     live = []          # servers to stop in the end
     interrupted = False
 
@@ -525,14 +529,41 @@ def main():
             log("flood %d MB: jupyter_server (rate limits lifted)" % MB)
             R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", run_client, bench_env, tmp,
                                                 ["flood", peer2.url, peer2.token, MB], 150, peer2)
-            R["peer"]["flood_fast"] = step("peer flood (unlimited, fast client)", run_client, bench_env, tmp,
-                                           ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], 150, peer2)
-            stop(peer2)
         if kg:
             log("flood %d MB: kgate" % MB)
             R["kgate"]["flood"] = step("kgate flood", run_client, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
-            R["kgate"]["flood_fast"] = step("kgate flood (fast client)", run_client, bench_env, tmp,
-                                            ["flood", kg.url, kg.token, MB, "--no-utf8-check"], 150, kg)
+        # 5. the same flood with the client's UTF-8 check off, in alternating rounds (direct, peer,
+        # kgate) so drift hits all three alike; each one's median is reported
+        for rnd in range(ROUNDS):
+            log("flood %d MB, client UTF-8 check off: round %d/%d" % (MB, rnd + 1, ROUNDS))
+            r = step("direct flood (round %d)" % (rnd + 1), run_client, bench_env, tmp, ["direct-flood", MB], 150)
+            if r:
+                R["direct"]["flood_rounds"].append(r)
+            if peer2:
+                r = step("peer flood (unlimited, fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
+                         ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], 150, peer2)
+                if r:
+                    R["peer"]["flood_rounds"].append(r)
+            if kg:
+                r = step("kgate flood (fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
+                         ["flood", kg.url, kg.token, MB, "--no-utf8-check"], 150, kg)
+                if r:
+                    R["kgate"]["flood_rounds"].append(r)
+        # 6. many small messages: PRINTS prints, one stream message each
+        if PRINTS:
+            log("%d small prints: direct" % PRINTS)
+            R["direct"]["prints"] = step("direct prints", run_client, bench_env, tmp, ["direct-prints", PRINTS], 300)
+            if peer2:
+                log("%d small prints: jupyter_server (rate limits lifted)" % PRINTS)
+                R["peer"]["prints"] = step("peer prints", run_client, bench_env, tmp,
+                                           ["prints", peer2.url, peer2.token, PRINTS, "--no-utf8-check"], 300, peer2)
+            if kg:
+                log("%d small prints: kgate" % PRINTS)
+                R["kgate"]["prints"] = step("kgate prints", run_client, bench_env, tmp,
+                                            ["prints", kg.url, kg.token, PRINTS, "--no-utf8-check"], 300, kg)
+        if peer2:
+            stop(peer2)
+        if kg:
             if kg.proc.poll() is not None:
                 R["errors"].append({"step": "kgate", "error": "kgate exited with status %s during the run; log tail:\n%s"
                                     % (kg.proc.returncode, tail(kg.log_path))})
@@ -621,6 +652,15 @@ def summarize(R):
     cpu_lat = lambda runs: (round(statistics.median([r["gateway_cpu_s"] for r in runs if "gateway_cpu_s" in r]) * 1e3)
                             if any("gateway_cpu_s" in r for r in runs) else None)
     cpu_ms = lambda r: round(r["gateway_cpu_s"] * 1e3) if "gateway_cpu_s" in r else None
+    pr = lambda side: side.get("prints") or {}
+
+    def rmed(side, key, scale=1):  # the median over the alternating flood rounds
+        vals = [r[key] * scale for r in side.get("flood_rounds", []) if r and key in r]
+        return (round(statistics.median(vals), 3) if scale == 1 else round(statistics.median(vals))) if vals else None
+
+    def rmin(side, key):
+        vals = [r[key] for r in side.get("flood_rounds", []) if r and key in r]
+        return min(vals) if vals else None
     rows = [  # (metric, format, direct, peer, kgate)
         ("execute round trip, median (µs)", "int", _mid(d["latency"], "median_us"), _mid(p["latency"], "median_us"), _mid(k["latency"], "median_us")),
         ("execute round trip, p90 (µs)", "int", _mid(d["latency"], "p90_us"), _mid(p["latency"], "p90_us"), _mid(k["latency"], "p90_us")),
@@ -628,8 +668,17 @@ def summarize(R):
         ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),
         ("%d MB flood, gateway CPU (ms) (peer: unlimited)" % MB, "int", None, cpu_ms(pu), cpu_ms(kf)),
-        ("%d MB flood, seconds, client UTF-8 check off (peer: unlimited)" % MB, "s", df.get("seconds"), (p.get("flood_fast") or {}).get("seconds"), (k.get("flood_fast") or {}).get("seconds")),
-        ("%d MB flood, bytes, client UTF-8 check off (peer: unlimited)" % MB, "int", df.get("received_bytes"), (p.get("flood_fast") or {}).get("received_bytes"), (k.get("flood_fast") or {}).get("received_bytes")),
+        ("%d MB flood, seconds, client UTF-8 check off, median of %d rounds (peer: unlimited)" % (MB, ROUNDS), "s",
+         rmed(d, "seconds"), rmed(p, "seconds"), rmed(k, "seconds")),
+        ("%d MB flood, gateway CPU (ms), client UTF-8 check off, median (peer: unlimited)" % MB, "int",
+         None, rmed(p, "gateway_cpu_s", 1e3), rmed(k, "gateway_cpu_s", 1e3)),
+        ("%d MB flood, bytes, client UTF-8 check off, fewest of the rounds (peer: unlimited)" % MB, "int",
+         rmin(d, "received_bytes"), rmin(p, "received_bytes"), rmin(k, "received_bytes")),
+        ("%d small prints, one message each, seconds (peer: unlimited)" % PRINTS, "s",
+         pr(d).get("seconds"), pr(p).get("seconds"), pr(k).get("seconds")),
+        ("%d small prints, gateway CPU (ms) (peer: unlimited)" % PRINTS, "int", None, cpu_ms(pr(p)), cpu_ms(pr(k))),
+        ("%d small prints, bytes received (peer: unlimited)" % PRINTS, "int",
+         pr(d).get("received_bytes"), pr(p).get("received_bytes"), pr(k).get("received_bytes")),
         ("%d MB flood, seconds (peer: default rate limits)*" % MB, "s", df.get("seconds"), pd.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: default rate limits)*" % MB, "int", df.get("received_bytes"), pd.get("received_bytes"), kf.get("received_bytes")),
         ("cold start to first GET /api 200, median (ms)", "1", None, med(p["cold_start_ms"]), med(k["cold_start_ms"])),
@@ -663,8 +712,8 @@ def print_table(R):
     w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
     line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(cells)) + " |"
     m = R["meta"]
-    print("\nkgate benchmark  N=%d round trips x %d reps, %d MB flood, %s cpus, %s"
-          % (m["N"], m["reps"], m["MB"], m["cpus"], m["date"]))
+    print("\nkgate benchmark  N=%d round trips x %d reps, %d MB flood (%d rounds), %d prints, %s cpus, %s"
+          % (m["N"], m["reps"], m["MB"], m.get("rounds", 1), m.get("prints", 0), m["cpus"], m["date"]))
     print(line(hdr))
     print("|" + "|".join(("-" * (w[i] + 1) + ":") if i else ("-" * (w[i] + 2)) for i in range(len(hdr))) + "|")
     for r in rows:

@@ -5,19 +5,26 @@ over ZMQ (the floor, no gateway in between) or through a Jupyter gateway's webso
 
 usage: wsclient.py direct N [--store-history]
        wsclient.py direct-flood MEGABYTES
+       wsclient.py direct-prints COUNT
        wsclient.py gateway URL TOKEN N [--kernel NAME] [--store-history]
        wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check]
+       wsclient.py prints URL TOKEN COUNT [--kernel NAME] [--no-utf8-check]
 
-direct, direct-flood  start a python3 kernel with jupyter_client's KernelManager and talk to its
+direct, direct-flood, direct-prints
+                      start a python3 kernel with jupyter_client's KernelManager and talk to its
                       shell (DEALER) and iopub (SUB) sockets with blocking polls.
-gateway, flood        POST URL/api/kernels, open URL/api/kernels/{id}/channels with the token in
+gateway, flood, prints
+                      POST URL/api/kernels, open URL/api/kernels/{id}/channels with the token in
                       an Authorization header (TCP_NODELAY on), DELETE the kernel at the end.
 
 A round trip is one execute_request for `1+1`, from sending it until both its execute_reply and
 the iopub `status: idle` that it caused have arrived. Once the kernel answers kernel_info, 20
 untimed round trips come first, then N timed ones. The flood is one cell that writes MEGABYTES
 x 1024 lines of 1023 `x` and a newline to stdout; its time runs from sending the cell until its
-reply and idle status, and the stdout text that reached the client is counted.
+reply and idle status, and the stdout text that reached the client is counted. The prints cell
+is `print(i, flush=True)` for i in range(COUNT): one stream message per print (without the
+flush, ipykernel joins a loop's prints into a few messages, one per 0.2 s), timed and counted
+the same way.
 
 Every execute_request asks for store_history=False unless --store-history is given.
 --no-utf8-check turns off websocket-client's pure-Python UTF-8 check of text frames, which
@@ -25,7 +32,8 @@ otherwise costs the client more than the gateway costs (see bench/README.md).
 
 Prints one JSON line: latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
 "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
-"seconds", "MB_per_s"}. Exit status 0, or 1 with the reason on stderr.
+"seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes", "received_bytes",
+"seconds", "messages_per_s"}. Exit status 0, or 1 with the reason on stderr.
 """
 import argparse
 import datetime
@@ -50,6 +58,14 @@ def flood_code(megabytes):
             "for _ in range(%d):\n"
             "    sys.stdout.write(_line)\n"
             "sys.stdout.flush()\n" % (LINE, megabytes * 1024))
+
+
+def prints_code(count):
+    return "for _i in range(%d):\n    print(_i, flush=True)\n" % count
+
+
+def prints_bytes(count):
+    return sum(len(str(i)) + 1 for i in range(count))
 
 
 def execute_content(code, store_history):
@@ -230,6 +246,14 @@ def measure_flood(kernel, megabytes, mode):
             "seconds": round(seconds, 3), "MB_per_s": round(received / seconds / 1e6, 1)}
 
 
+def measure_prints(kernel, count, mode):
+    t0 = time.perf_counter()
+    received = kernel.execute(prints_code(count))
+    seconds = time.perf_counter() - t0
+    return {"mode": mode, "count": count, "printed_bytes": prints_bytes(count), "received_bytes": received,
+            "seconds": round(seconds, 3), "messages_per_s": round(count / seconds)}
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="wsclient.py", description="kgate benchmark clients")
     sub = p.add_subparsers(dest="mode", required=True)
@@ -238,7 +262,9 @@ def parse_args(argv):
     d.add_argument("--store-history", action="store_true")
     d = sub.add_parser("direct-flood", help="the flood over raw ZMQ")
     d.add_argument("megabytes", type=int)
-    for name, what in (("gateway", "n"), ("flood", "megabytes")):
+    d = sub.add_parser("direct-prints", help="COUNT small prints over raw ZMQ")
+    d.add_argument("count", type=int)
+    for name, what in (("gateway", "n"), ("flood", "megabytes"), ("prints", "count")):
         g = sub.add_parser(name, help="through a gateway's websocket")
         g.add_argument("url")
         g.add_argument("token")
@@ -253,7 +279,7 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
-    if a.mode in ("direct", "direct-flood"):
+    if a.mode in ("direct", "direct-flood", "direct-prints"):
         kernel = DirectKernel(getattr(a, "store_history", False))
     else:
         kernel = GatewayKernel(a.url, a.token, a.kernel, getattr(a, "store_history", False),
@@ -262,6 +288,8 @@ def main(argv):
         kernel.wait_ready()
         if a.mode in ("direct", "gateway"):
             result = measure_latency(kernel, a.n, a.mode)
+        elif a.mode in ("direct-prints", "prints"):
+            result = measure_prints(kernel, a.count, a.mode)
         else:
             result = measure_flood(kernel, a.megabytes, a.mode)
     finally:

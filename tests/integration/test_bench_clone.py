@@ -38,7 +38,8 @@ def test_bench_runs_from_a_clone_in_another_folder(kgate_bin, tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "WSBENCH", "JUPYTER_"))}
     env.update(KGATE_BIN=kgate_bin, BENCH_N="5", BENCH_MB="1", BENCH_REPS="1", BENCH_COLD="1",
-               BENCH_PEER_COLD="2", BENCH_BUDGET="120", HOME=str(tmp_path / "home"))
+               BENCH_PEER_COLD="2", BENCH_ROUNDS="2", BENCH_PRINTS="300",
+               BENCH_BUDGET="120", HOME=str(tmp_path / "home"))
     os.makedirs(env["HOME"])
     proc = subprocess.run([str(clone / "bench" / "run.sh")], cwd=str(tmp_path), env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=170,
@@ -55,7 +56,12 @@ def test_bench_runs_from_a_clone_in_another_folder(kgate_bin, tmp_path):
         assert all(number.match(v) for v in (direct, peer, kgate)), (metric, report)
     received = _row(out, "1 MB flood, bytes received (peer: unlimited)")[1:4]
     assert received == ["1,048,576"] * 3, report
-    fast = _row(out, "1 MB flood, bytes, client UTF-8 check off (peer: unlimited)")[1:4]
+    fast = _row(out, "1 MB flood, bytes, client UTF-8 check off, fewest of the rounds (peer: unlimited)")[1:4]
     assert fast == ["1,048,576"] * 3, report
+    prints = _row(out, "300 small prints, bytes received (peer: unlimited)")[1:4]
+    assert prints == ["{:,}".format(sum(len(str(i)) + 1 for i in range(300)))] * 3, report
+    for metric in ("1 MB flood, seconds, client UTF-8 check off, median of 2 rounds (peer: unlimited)",
+                   "300 small prints, one message each, seconds (peer: unlimited)"):
+        assert all(number.match(v) for v in _row(out, metric)[1:4]), (metric, report)
     assert number.match(_row(out, "cold start to first GET /api 200, median (ms)")[3]), report
     assert (clone / "bench" / "results" / "latest.json").is_file()
