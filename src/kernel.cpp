@@ -91,7 +91,7 @@ KernelModel Kernel::model() const {
   m.id = id_;
   m.name = spec_.name;
   m.execution_state = state_;
-  m.last_activity = last_activity_;
+  m.last_activity = last_activity_ ? iso_time(*last_activity_) : std::string();
   m.connections = connections_.load();
   m.reason = reason_;
   m.responsive = responsive_ && state_ != "dead";
@@ -133,10 +133,10 @@ void Kernel::set_responsive(bool responsive, Clock::time_point silent_since) {
 }
 
 void Kernel::touch() {
-  auto now = iso_now();
+  auto now = std::chrono::system_clock::now();
   auto t = Clock::now();
   std::lock_guard lk(mu_);
-  last_activity_ = std::move(now);
+  last_activity_ = now;
   last_touch_ = t;
 }
 
@@ -156,13 +156,13 @@ void Kernel::set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t) {
 }
 
 void Kernel::handed_out() {
-  auto now = iso_now();
+  auto now = std::chrono::system_clock::now();
   auto t = Clock::now();
   {
     std::lock_guard lk(mu_);
     created_ = t;
     last_touch_ = t;
-    last_activity_ = std::move(now);
+    last_activity_ = now;
   }
   pooled_.store(false);
 }
@@ -771,12 +771,11 @@ void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel 
     // frames, the JSON parsers) ever sees an invalid byte; binary buffers stay as they are.
     for (std::string* part : {&m.wire.header, &m.wire.parent_header, &m.wire.metadata, &m.wire.content})
       make_valid_utf8(*part);
-    json header = json::parse(m.wire.header, nullptr, false);
-    json parent = json::parse(m.wire.parent_header, nullptr, false);
-    if (!header.is_object()) continue;
-    m.msg_id = header.value("msg_id", "");
-    m.msg_type = header.value("msg_type", "");
-    if (parent.is_object()) m.parent_msg_id = parent.value("msg_id", "");
+    MessageIds ids;
+    if (!read_message_ids(m.wire.header, m.wire.parent_header, ids)) continue;
+    m.msg_id = std::move(ids.msg_id);
+    m.msg_type = std::move(ids.msg_type);
+    m.parent_msg_id = std::move(ids.parent_msg_id);
     // The KernelIo may be removed while handling (a dead kernel); stop reading then.
     auto id = k.kernel->id();
     handle_message(k, ch, std::move(m));

@@ -13,6 +13,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <simdjson.h>
 
 #include "kgate/connection.hpp"
 
@@ -86,43 +87,29 @@ std::string to_hex(const unsigned char* data, std::size_t n) {
   return out;
 }
 
-// Whether `text` is exactly one JSON object.  Uses nlohmann's SAX parser, so nothing is
-// built, nothing throws, and deep nesting cannot exhaust the stack.
-class ObjectCheck final : public json::json_sax_t {
- public:
-  bool null() override { return first_value(); }
-  bool boolean(bool) override { return first_value(); }
-  bool number_integer(number_integer_t) override { return first_value(); }
-  bool number_unsigned(number_unsigned_t) override { return first_value(); }
-  bool number_float(number_float_t, const string_t&) override { return first_value(); }
-  bool string(string_t&) override { return first_value(); }
-  bool binary(binary_t&) override { return first_value(); }
-  bool start_object(std::size_t) override {
-    seen_ = true;
-    return true;
-  }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return first_value(); }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const json::exception&) override {
-    return false;
-  }
 
- private:
-  // A scalar or array is fine inside the object, but not as the top-level value.
-  bool first_value() const noexcept { return seen_; }
-  bool seen_ = false;
-};
+// A parsed JSON document, with simdjson (which validates all of it, UTF-8 included). Documents up
+// to 64 KiB (headers: every message has two) reuse one parser per thread; a larger one gets a
+// parser of its own, so no thread keeps buffers the size of the largest message it saw.
+template <class Fn>
+bool with_document(std::string_view text, Fn&& fn) noexcept {
+  constexpr std::size_t kReused = 64u << 10;
+  simdjson::dom::element doc;
+  if (text.size() <= kReused) {
+    static thread_local simdjson::dom::parser reused;
+    static thread_local std::string padded;  // the text and simdjson's padding, without a malloc
+    if (padded.capacity() < kReused + simdjson::SIMDJSON_PADDING) padded.reserve(kReused + simdjson::SIMDJSON_PADDING);
+    padded.assign(text);
+    if (reused.parse(padded.data(), padded.size(), false).get(doc)) return false;
+    return fn(doc);
+  }
+  simdjson::dom::parser own;
+  if (own.parse(text.data(), text.size()).get(doc)) return false;  // copied to a padded buffer
+  return fn(doc);
+}
 
 bool is_json_object(std::string_view text) noexcept {
-  try {
-    ObjectCheck check;
-    return json::sax_parse(text.begin(), text.end(), &check, json::input_format_t::json,
-                           /*strict=*/true);
-  } catch (...) {
-    return false;
-  }
+  return with_document(text, [](simdjson::dom::element doc) { return doc.is_object(); });
 }
 
 }  // namespace
@@ -258,6 +245,25 @@ std::error_code decode(const std::vector<std::string_view>& frames, const Signer
   }
 }
 
+bool read_message_ids(std::string_view header, std::string_view parent, MessageIds& out) {
+  auto field = [](simdjson::dom::element doc, const char* key, std::string& dst) {
+    std::string_view v;
+    if (!doc[key].get_string().get(v)) dst.assign(v);
+  };
+  if (!with_document(header, [&](simdjson::dom::element doc) {
+        if (!doc.is_object()) return false;
+        field(doc, "msg_id", out.msg_id);
+        field(doc, "msg_type", out.msg_type);
+        return true;
+      }))
+    return false;
+  with_document(parent, [&](simdjson::dom::element doc) {
+    if (doc.is_object()) field(doc, "msg_id", out.parent_msg_id);
+    return true;
+  });
+  return true;
+}
+
 std::vector<std::string> encode(const WireMessage& msg, const Signer& signer) {
   std::vector<std::string> frames;
   frames.reserve(msg.identities.size() + 6 + msg.buffers.size());
@@ -282,9 +288,10 @@ json make_header(std::string_view msg_type, std::string_view session, std::strin
   };
 }
 
-std::string iso_now() {
+std::string iso_now() { return iso_time(std::chrono::system_clock::now()); }
+
+std::string iso_time(std::chrono::system_clock::time_point now) {
   using namespace std::chrono;
-  const auto now = system_clock::now();
   const auto secs = time_point_cast<seconds>(now);
   auto micros = duration_cast<microseconds>(now - secs).count();
   std::time_t t = system_clock::to_time_t(secs);

@@ -141,7 +141,8 @@ class Kernel {
   std::string reason_;
   bool responsive_ = true;
   Clock::time_point silent_since_{};
-  std::string last_activity_;
+  // Formatted only when the model is read: touch() runs for every iopub message.
+  std::optional<std::chrono::system_clock::time_point> last_activity_;
   Clock::time_point created_ = Clock::now();
   Clock::time_point last_touch_ = created_;
   std::optional<std::chrono::milliseconds> cull_idle_timeout_;

@@ -1,6 +1,7 @@
 // The Jupyter wire protocol: framing, HMAC signing and header helpers (pure, no sockets).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -74,11 +75,20 @@ struct DecodeLimits {
 };
 
 // Decodes frames [ids..., delimiter, signature, header, parent, metadata, content, buffers...].
-// Checks the signature against `signer` and that header is a JSON object (the other parts
+// Checks the signature against `signer` and that header is a JSON object (simdjson's check: all
+// of it valid, UTF-8 included, and nested at most 1024 deep) (the other parts
 // are checked to be JSON only when `validate_json` is set: relaying does not need it).
 std::error_code decode(const std::vector<std::string_view>& frames, const Signer& signer,
                        WireMessage& out, const DecodeLimits& limits = {},
                        bool validate_json = false);
+
+// What routing needs of a message: header.msg_id, header.msg_type and parent_header.msg_id ("" for
+// any that is missing or not a string). False when the header is not a JSON object. Read with
+// simdjson: every message a kernel sends passes here.
+struct MessageIds {
+  std::string msg_id, msg_type, parent_msg_id;
+};
+bool read_message_ids(std::string_view header, std::string_view parent, MessageIds& out);
 
 // Encodes a message into frames, signing it with `signer`.
 std::vector<std::string> encode(const WireMessage& msg, const Signer& signer);
@@ -97,6 +107,8 @@ bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth) noe
 
 // The current UTC time as "%Y-%m-%dT%H:%M:%S.%fZ" (always six fractional digits).
 std::string iso_now();
+// `t` in the same format.
+std::string iso_time(std::chrono::system_clock::time_point t);
 
 }  // namespace kgate
 

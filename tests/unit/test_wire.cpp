@@ -443,8 +443,13 @@ TEST(Wire, DeeplyNestedJsonDoesNotCrash) {
   const std::string closed = objects + std::string(200'000, '}');
   EXPECT_EQ(decode({kDelimiter, "", arrays, "{}", "{}", "{}"}, s, out), wire_errc::bad_json);
   EXPECT_EQ(decode({kDelimiter, "", objects, "{}", "{}", "{}"}, s, out), wire_errc::bad_json);
+  // Well-formed but deeper than simdjson's 1024 levels: refused as bad JSON, not a crash.
   EXPECT_EQ(decode({kDelimiter, "", closed, closed, closed, closed}, s, out, {}, true),
-            std::error_code{});
+            wire_errc::bad_json);
+  std::string deep;
+  for (int i = 0; i < 1000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(1000, '}');
+  EXPECT_EQ(decode({kDelimiter, "", deep, deep, deep, deep}, s, out, {}, true), std::error_code{});
 }
 
 TEST(Wire, RandomGarbageNeverThrows) {
