@@ -48,7 +48,10 @@ import uuid
 
 WARMUP = 20
 READY_TIMEOUT = 60.0     # kernel start until kernel_info is answered
-MESSAGE_TIMEOUT = 60.0   # the longest wait for any one message of a round trip
+MESSAGE_TIMEOUT = 60.0   # the longest wait for a round trip's reply and idle
+CELL_TIMEOUT = 600.0     # the same for the flood and prints cells
+IDLE_GRACE = 10.0        # how long the idle may trail the reply: a server that lost it (jupyter_server
+                         # can drop iopub messages even with its rate limits off) ends the wait then
 LINE = 1023              # characters of `x` on each flood line, plus its newline
 
 
@@ -78,7 +81,8 @@ class Round:
 
     def __init__(self, msg_id, reply_type):
         self.msg_id, self.reply_type = msg_id, reply_type
-        self.replied = self.idle = False
+        self.replied = self.idle = self.idle_lost = False
+        self.replied_at = None
         self.stdout_chars = 0
 
     def feed(self, msg_type, parent_id, content):
@@ -86,6 +90,7 @@ class Round:
             return
         if msg_type == self.reply_type:
             self.replied = True
+            self.replied_at = time.monotonic()
         elif msg_type == "status" and content.get("execution_state") == "idle":
             self.idle = True
         elif msg_type == "stream" and content.get("name") == "stdout":
@@ -94,6 +99,19 @@ class Round:
     @property
     def done(self):
         return self.replied and self.idle
+
+    def wait_bound(self, deadline):
+        """Seconds left to wait: to the deadline, or to the end of the idle's grace after the
+        reply (then idle_lost is set and 0 returned)."""
+        now = time.monotonic()
+        left = deadline - now
+        if self.replied and not self.idle:
+            grace = self.replied_at + IDLE_GRACE - now
+            if grace <= 0:
+                self.idle_lost = True
+                return 0
+            left = min(left, grace)
+        return left
 
 
 class DirectKernel:
@@ -117,9 +135,15 @@ class DirectKernel:
         r = Round(sent["header"]["msg_id"], msg_type.replace("_request", "_reply"))
         deadline = time.monotonic() + timeout
         while not r.done:
-            left = deadline - time.monotonic()
+            left = r.wait_bound(deadline)
+            if r.idle_lost:
+                break
             events = self.poller.poll(max(0, left) * 1000) if left > 0 else []
+            if not events and r.wait_bound(deadline) > 0:
+                continue
             if not events:
+                if r.idle_lost:
+                    break
                 raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
             for sock, _ in events:
                 _, frames = self.session.feed_identities(sock.recv_multipart())
@@ -127,8 +151,8 @@ class DirectKernel:
                 r.feed(m["msg_type"], m["parent_header"].get("msg_id"), m["content"])
         return r
 
-    def execute(self, code):
-        return self.request("execute_request", execute_content(code, self.store_history)).stdout_chars
+    def execute(self, code, timeout=MESSAGE_TIMEOUT):
+        return self.request("execute_request", execute_content(code, self.store_history), timeout)
 
     def wait_ready(self):
         """kernel_info until its reply and idle both arrive: the kernel is up and the iopub SUB
@@ -187,19 +211,21 @@ class GatewayKernel:
         r = Round(msg_id, msg_type.replace("_request", "_reply"))
         deadline = time.monotonic() + timeout
         while not r.done:
-            left = deadline - time.monotonic()
+            left = r.wait_bound(deadline)
+            if r.idle_lost:
+                break
             if left <= 0:
                 raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
-            # a short wait (the readiness probe) must not cut a frame in half, so it waits for the
-            # socket first; the timed round trips just block in recv (its socket timeout is the bound)
-            if timeout < MESSAGE_TIMEOUT and not select.select([self.ws.sock], [], [], left)[0]:
+            # a short wait (the readiness probe, an idle's grace) must not cut a frame in half, so
+            # it waits for the socket first; otherwise recv blocks (its socket timeout is the bound)
+            if (timeout < MESSAGE_TIMEOUT or r.replied) and not select.select([self.ws.sock], [], [], left)[0]:
                 continue
             m = json.loads(self.ws.recv())
             r.feed(m.get("msg_type"), (m.get("parent_header") or {}).get("msg_id"), m.get("content") or {})
         return r
 
-    def execute(self, code):
-        return self.request("execute_request", execute_content(code, self.store_history)).stdout_chars
+    def execute(self, code, timeout=MESSAGE_TIMEOUT):
+        return self.request("execute_request", execute_content(code, self.store_history), timeout)
 
     def wait_ready(self):
         deadline = time.monotonic() + READY_TIMEOUT
@@ -240,18 +266,19 @@ def measure_latency(kernel, n, mode):
 def measure_flood(kernel, megabytes, mode):
     code = flood_code(megabytes)
     t0 = time.perf_counter()
-    received = kernel.execute(code)
+    r = kernel.execute(code, CELL_TIMEOUT)
     seconds = time.perf_counter() - t0
-    return {"mode": mode, "printed_bytes": megabytes * 1024 * (LINE + 1), "received_bytes": received,
-            "seconds": round(seconds, 3), "MB_per_s": round(received / seconds / 1e6, 1)}
+    return {"mode": mode, "printed_bytes": megabytes * 1024 * (LINE + 1), "received_bytes": r.stdout_chars,
+            "seconds": round(seconds, 3), "MB_per_s": round(r.stdout_chars / seconds / 1e6, 1),
+            "idle_lost": r.idle_lost}
 
 
 def measure_prints(kernel, count, mode):
     t0 = time.perf_counter()
-    received = kernel.execute(prints_code(count))
+    r = kernel.execute(prints_code(count), CELL_TIMEOUT)
     seconds = time.perf_counter() - t0
-    return {"mode": mode, "count": count, "printed_bytes": prints_bytes(count), "received_bytes": received,
-            "seconds": round(seconds, 3), "messages_per_s": round(count / seconds)}
+    return {"mode": mode, "count": count, "printed_bytes": prints_bytes(count), "received_bytes": r.stdout_chars,
+            "seconds": round(seconds, 3), "messages_per_s": round(count / seconds), "idle_lost": r.idle_lost}
 
 
 def parse_args(argv):
