@@ -44,7 +44,7 @@ KernelSpec load_kernelspec(const fs::path& dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(buf.str());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     fail(file, std::string("invalid JSON: ") + e.what());
   }
   if (!j.is_object()) fail(file, "top-level value is not an object");
