@@ -335,13 +335,6 @@ const std::string& Server::kernelspecs_body(const std::shared_ptr<const Catalog>
 
 namespace {
 
-Response method_not_allowed(const Request& req, const char* allow) {
-  Response res = json_error(req, http::status::method_not_allowed,
-                            std::string(req.method_string()) + " is not allowed here");
-  res.set(http::field::allow, allow);
-  return res;
-}
-
 }  // namespace
 
 std::string kernelspec_content_type(std::string_view file) {
@@ -511,6 +504,13 @@ Response json_error(const Request& req, http::status status, const std::string& 
   // A message may quote what the client sent (a path, a header): never let a byte that is not
   // UTF-8 turn an error reply into an exception.
   return json_response(req, status, j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+Response method_not_allowed(const Request& req, const char* allow) {
+  Response res = json_error(req, http::status::method_not_allowed,
+                            std::string(req.method_string()) + " is not allowed here");
+  res.set(http::field::allow, allow);
+  return res;
 }
 
 bool split_target(std::string_view target, std::string& path, std::string& query) {

@@ -26,6 +26,8 @@ struct RequestContext {
 
 // A JSON error in jupyter_server's shape: {"message": ..., "reason": ...}.
 Response json_error(const Request& req, http::status status, const std::string& message);
+// 405 with an Allow header listing `allow` ("GET", "GET, POST").
+Response method_not_allowed(const Request& req, const char* allow);
 Response json_response(const Request& req, http::status status, const std::string& body);
 
 // Checks Host, Origin and the token.  Returns the response to send instead of serving the

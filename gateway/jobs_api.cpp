@@ -222,13 +222,6 @@ std::uint64_t job_number_arg(const std::string& s) {
   return n;
 }
 
-Response method_not_allowed(const Request& req, const char* allow) {
-  Response res = json_error(req, http::status::method_not_allowed,
-                            std::string(req.method_string()) + " is not allowed here");
-  res.set(http::field::allow, allow);
-  return res;
-}
-
 // Answers with the job's record once it is not running, or at the deadline.
 void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r) {
   auto& jobs = server.jobs();
