@@ -43,7 +43,6 @@ class WsGather {
   explicit WsGather(bool binary) : binary_(binary) {}
   void own(std::string_view s);    // copied
   void view(std::string_view s);   // referenced (copied when shorter than kCopyBelow)
-  void reserve_own(std::size_t n) { own_.reserve(n); }
 
  private:
   struct Piece {
