@@ -7,6 +7,8 @@
 
 #include "stream.hpp"
 
+#include <boost/beast/http/parser.hpp>
+
 namespace kgate::gw {
 
 using IoHandler = std::function<void(beast::error_code, std::size_t)>;

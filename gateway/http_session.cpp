@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <boost/beast/core/detect_ssl.hpp>
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"

@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include <boost/beast/http/parser.hpp>
+
 #include "stream.hpp"
 
 namespace kgate::gw {

@@ -10,6 +10,8 @@
 #include <set>
 #include <string>
 
+#include <boost/asio/signal_set.hpp>
+
 #include "hub.hpp"
 #include "jobs_api.hpp"
 #include "kgate/discovery.hpp"

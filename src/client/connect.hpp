@@ -9,11 +9,20 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
+#include <utility>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+// The parts of Asio and Beast the clients use, not <boost/asio.hpp> (all of Asio) in every unit.
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/stream_traits.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
 
 #include "kgate/client/endpoint.hpp"
 #include "kgate/client/tls_stream.hpp"

@@ -1,5 +1,5 @@
 // HttpClient's exchange over plain TCP and over a Unix socket (http_exchange.hpp).
-#include "http_exchange.hpp"
+#include "http_exchange_ops.hpp"
 
 namespace kgate::client {
 

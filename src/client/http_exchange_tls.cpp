@@ -1,5 +1,5 @@
 // HttpClient's exchange over TLS (http_exchange.hpp).
-#include "http_exchange.hpp"
+#include "http_exchange_ops.hpp"
 
 namespace kgate::client {
 

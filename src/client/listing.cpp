@@ -1,7 +1,7 @@
 // Listing a gateway's kernelspecs, kernels and sessions (see remote.hpp).
 #include "kgate/client/listing.hpp"
 
-#include <utility>  // Boost 1.74 asio/awaitable.hpp uses std::exchange without it
+#include <utility>
 
 #include <algorithm>
 #include <array>
@@ -15,8 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 
 #include "kgate/utf8.hpp"
 
