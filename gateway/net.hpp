@@ -15,8 +15,6 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 
-#include "kgate/client/websocket.hpp"  // Beast's websocket stream itself is compiled in src/client only
-
 namespace kgate::gw {
 namespace net = boost::asio;
 namespace beast = boost::beast;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <variant>
 
+#include "kgate/client/websocket.hpp"  // Beast's websocket stream itself is compiled in src/client only
 #include "net.hpp"
 
 #include <boost/asio/ssl.hpp>
