@@ -22,6 +22,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -299,6 +300,21 @@ struct KernelIo {
   std::chrono::steady_clock::time_point hb_silent_since;  // the first unanswered ping
 
   bool sockets_open() const { return shell != nullptr; }
+
+  // Sockets to read on the next pass without waiting for their ZMQ_FD (poll_once), one bit per
+  // poll slot kind (1 << 0 shell ... 1 << 4 hb, 1 << 7 stdin monitor): a socket just sent on
+  // (libzmq may then have taken in the signal of a message that arrived), one whose read stopped
+  // at its bound with messages left, and every socket after connect().
+  std::uint8_t recheck = 0xff;
+  static std::uint8_t bit(Channel ch) {
+    switch (ch) {
+      case Channel::shell: return 1 << 0;
+      case Channel::control: return 1 << 1;
+      case Channel::stdin_: return 1 << 2;
+      case Channel::iopub: return 1 << 3;
+    }
+    return 0;
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -479,6 +495,7 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
   k.hb_waiting = false;
   k.hb_misses = 0;
   k.hb_warned = false;
+  k.recheck = 0xff;  // connect() may have taken in their first signals
   k.kernel->set_responsive(true);  // a new process: not judged until it misses pings
 }
 
@@ -498,7 +515,11 @@ void KernelManager::Impl::stop_stdin_monitor(KernelIo& k) {
 }
 
 void KernelManager::Impl::on_stdin_monitor(KernelIo& k) {
-  for (int n = 0; n < 16 && k.stdin_monitor; ++n) {
+  for (int n = 0; k.stdin_monitor; ++n) {
+    if (n == 16) {
+      k.recheck |= 1 << 7;
+      return;
+    }
     std::vector<zmq::message_t> parts;
     zmq::message_t part;
     if (!k.stdin_monitor->recv(part, zmq::recv_flags::dontwait)) return;
@@ -534,6 +555,7 @@ std::string KernelManager::Impl::send_internal(KernelIo& k, Channel ch, const st
   k.internal.insert(id);
   if (ch == Channel::control) k.remember_control(id);
   zmq::socket_t& s = ch == Channel::control ? *k.control : *k.shell;
+  k.recheck |= KernelIo::bit(ch);
   if (!send_frames(s, encode(w, *k.signer))) {
     spdlog::warn("kernel {}: {} queue full, {} not sent", k.kernel->id(), channel_name(ch), msg_type);
     k.internal.erase(id);
@@ -678,6 +700,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     refuse(k, m, "KernelNotRunning", "kgate: the kernel is not running");
     return;
   }
+  k.recheck |= KernelIo::bit(m.channel);
   if (!send_frames(*s, encode(m.wire, *k.signer))) {
     refuse(k, m, "KernelBusy", "kgate: the kernel's " + std::string(channel_name(m.channel)) +
                                    " queue is full; try again");
@@ -741,8 +764,13 @@ void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
 void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch) {
   DecodeLimits limits;
   limits.max_message_bytes = opts.max_message_bytes;
-  // Bounded per pass so one flooding kernel cannot starve the others.
-  for (int n = 0; n < 256; ++n) {
+  // Bounded per pass so one flooding kernel cannot starve the others; what is left is read on
+  // the next pass (recheck: the socket's ZMQ_FD will not signal it again).
+  for (int n = 0;; ++n) {
+    if (n == 256) {
+      k.recheck |= KernelIo::bit(ch);
+      return;
+    }
     std::vector<zmq::message_t> parts;
     while (true) {
       zmq::message_t part;
@@ -885,6 +913,7 @@ void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t ep
   }
   std::string ping = std::to_string(++k->hb_seq);
   if (!k->hb_waiting) k->hb_silent_since = std::chrono::steady_clock::now();
+  k->recheck |= 1 << 4;
   if (k->hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k->hb_waiting = true;
   after(opts.heartbeat_interval, [this, id, epoch] { heartbeat_tick(id, epoch); });
 }
@@ -1106,37 +1135,49 @@ void KernelManager::Impl::run() {
   }
 }
 
+// One pass: wait for a kernel socket, a kernel's exit, the wake eventfd or the next timer, then
+// read what is ready.  Not zmq_poll: it asks every ZMQ socket for its events before and after
+// its poll(), and each ask is a getpid() and a poll() of that socket's mailbox (fork detection and
+// command processing in libzmq 4.3), so a pass cost 2 x 5 syscalls per kernel, ready or not:
+// ~75 poll() and ~80 getpid() per `1+1` with two kernels, and more with every kernel added.
+// Here each ZMQ socket's ZMQ_FD (its mailbox's eventfd) is in one ::poll(), and only a socket
+// whose FD fired is read, to EAGAIN, which re-arms the FD for the next message.  libzmq may
+// take a message's signal in while sending on that socket, so a socket just sent on, or whose
+// read stopped at its bound, is read on the next pass without waiting (KernelIo::recheck).
 void KernelManager::Impl::poll_once() {
   struct Slot {
     std::string id;
     int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor
   };
-  std::vector<zmq::pollitem_t> items;
+  std::vector<pollfd> fds;
   std::vector<Slot> slots;
-  items.push_back({nullptr, wake_fd, ZMQ_POLLIN, 0});
+  std::vector<std::pair<std::string, std::uint8_t>> rechecks;
+  fds.push_back({wake_fd, POLLIN, 0});
   slots.push_back({{}, 6});
   for (auto& [id, kp] : io) {
     KernelIo& k = *kp;
     if (k.sockets_open()) {
+      if (k.recheck) rechecks.emplace_back(id, k.recheck);
       zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
                                 k.hb.get()};
       for (int i = 0; i < 5; ++i) {
-        items.push_back({socks[i]->handle(), 0, ZMQ_POLLIN, 0});
+        fds.push_back({socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
         slots.push_back({id, i});
       }
     }
     if (k.proc.running() && k.proc.exit_fd() >= 0) {
-      items.push_back({nullptr, k.proc.exit_fd(), ZMQ_POLLIN, 0});
+      fds.push_back({k.proc.exit_fd(), POLLIN, 0});
       slots.push_back({id, 5});
     }
     if (k.stdin_monitor) {
-      items.push_back({k.stdin_monitor->handle(), 0, ZMQ_POLLIN, 0});
+      fds.push_back({k.stdin_monitor->get(zmq::sockopt::fd), POLLIN, 0});
       slots.push_back({id, 7});
     }
   }
   long timeout = 1000;
   if (!timers.empty()) {
-    auto d = std::chrono::duration_cast<std::chrono::milliseconds>(timers.top().when - Clock::now()).count();
+    // Rounded up: a timer due in 0.4 ms waits 1 ms, not 0 ms again and again until it is due.
+    auto d = std::chrono::ceil<std::chrono::milliseconds>(timers.top().when - Clock::now()).count();
     timeout = std::clamp<long>(d, 0, 1000);
   }
   // Without pidfds, exits are found by polling waitpid.
@@ -1144,15 +1185,11 @@ void KernelManager::Impl::poll_once() {
   for (auto& [id, kp] : io)
     if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
   if (have_nopidfd) timeout = std::min(timeout, 100L);
+  if (!rechecks.empty()) timeout = 0;
 
-  int rc = 0;
-  try {
-    rc = zmq::poll(items.data(), items.size(), std::chrono::milliseconds(timeout));
-  } catch (const zmq::error_t& e) {
-    // The thread blocks async signals, but a signal sent to it alone (tgkill) still
-    // interrupts the poll: that is a pass with nothing ready, not an error.
-    if (e.num() != EINTR) throw;
-  }
+  // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
+  // ready; the rechecks still run.
+  int rc = ::poll(fds.data(), fds.size(), int(timeout));
   if (have_nopidfd) {
     std::vector<std::string> ids;
     for (auto& [id, kp] : io)
@@ -1160,9 +1197,31 @@ void KernelManager::Impl::poll_once() {
     for (auto& id : ids)
       if (KernelIo* k = find(id)) on_exit(*k);
   }
+  auto read_socket = [this](KernelIo& k, int kind) {
+    switch (kind) {
+      case 0: if (k.shell) on_readable(k, *k.shell, Channel::shell); break;
+      case 1: if (k.control) on_readable(k, *k.control, Channel::control); break;
+      case 2: if (k.stdin_) on_readable(k, *k.stdin_, Channel::stdin_); break;
+      case 3: if (k.iopub) on_readable(k, *k.iopub, Channel::iopub); break;
+      case 4: if (k.hb) on_hb(k); break;
+      case 7: if (k.stdin_monitor) on_stdin_monitor(k); break;
+    }
+  };
+  // The sockets to read anyway: cleared first, so a send or a bounded read while reading sets
+  // them again for the next pass.
+  for (const auto& [id, bits] : rechecks) {
+    KernelIo* k = find(id);
+    if (!k) continue;
+    k->recheck = 0;
+    for (int kind : {3, 0, 1, 2, 4, 7}) {
+      if (!(bits & (1 << kind))) continue;
+      if (!find(id) || !k->sockets_open()) break;
+      read_socket(*k, kind);
+    }
+  }
   if (rc <= 0) return;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (!(items[i].revents & ZMQ_POLLIN)) continue;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
     const Slot& s = slots[i];
     if (s.kind == 6) {
       std::uint64_t v;
@@ -1171,15 +1230,12 @@ void KernelManager::Impl::poll_once() {
     }
     KernelIo* k = find(s.id);
     if (!k) continue;
-    switch (s.kind) {
-      case 0: if (k->shell) on_readable(*k, *k->shell, Channel::shell); break;
-      case 1: if (k->control) on_readable(*k, *k->control, Channel::control); break;
-      case 2: if (k->stdin_) on_readable(*k, *k->stdin_, Channel::stdin_); break;
-      case 3: if (k->iopub) on_readable(*k, *k->iopub, Channel::iopub); break;
-      case 4: if (k->hb) on_hb(*k); break;
-      case 5: on_exit(*k); break;
-      case 7: on_stdin_monitor(*k); break;
-    }
+    bool read_already = std::any_of(rechecks.begin(), rechecks.end(), [&](const auto& r) {
+      return r.first == s.id && s.kind != 5 && (r.second & (1 << s.kind));
+    });
+    if (read_already) continue;
+    if (s.kind == 5) on_exit(*k);
+    else if (k->sockets_open()) read_socket(*k, s.kind);
   }
 }
 
