@@ -17,6 +17,9 @@
 #include <string>
 #include <string_view>
 
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
+
 #include "api.hpp"
 #include "server.hpp"
 
