@@ -322,6 +322,7 @@ def private_env(root):
                      ("JUPYTER_DATA_DIR", "data")):
         env[var] = os.path.join(root, sub)
         os.makedirs(env[var], exist_ok=True)
+    env["XDG_STATE_HOME"] = os.path.join(root, "state")   # one kgate per state directory
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     env["JUPYTER_NO_CONFIG"] = "1"
     env.pop("JUPYTER_PATH", None)

@@ -88,6 +88,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
           opts.token = line;
         } else if (key == "base_url") opts.base_url = r.str(node, full);
         else if (key == "runtime_dir") opts.runtime_dir = r.str(node, full);
+        else if (key == "state_dir") {
+          opts.state_dir = r.str(node, full);
+          if (opts.state_dir.empty()) r.fail(full, "must not be empty (leave it out for the default)");
+        }
         else if (key == "root_dir") opts.root_dir = r.str(node, full);
         else if (key == "default_kernel") opts.default_kernel = r.str(node, full);
         else if (key == "allow_origins") opts.allow_origins = r.strings(node, full);

@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
   serve->add_option("--config", config, "kgate.toml to read (default $XDG_CONFIG_HOME/kgate/kgate.toml if it exists)");
   serve->add_option("--runtime-dir", runtime_dir,
                     "Where connection files go (default $JUPYTER_RUNTIME_DIR, else ~/.local/share/jupyter/runtime)");
+  std::string state_dir;
+  serve->add_option("--state-dir", state_dir,
+                    "kgate's state, held by one kgate at a time (default $XDG_STATE_HOME/kgate, else "
+                    "~/.local/state/kgate)");
   std::string unix_path, certfile, keyfile;
   auto* unix_opt = serve->add_option("--unix", unix_path,
                                      "Also serve on a Unix socket (mode 0600; default path "
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
     if (port >= 0) o.port = port;
     if (!token.empty()) o.token = token;
     if (!runtime_dir.empty()) o.runtime_dir = runtime_dir;
+    if (!state_dir.empty()) o.state_dir = state_dir;
     if (unix_opt->count()) {
       o.unix_socket = true;
       o.unix_path = unix_path;  // "" = the default path
@@ -176,7 +181,7 @@ int main(int argc, char** argv) {
     auto ep = server.listen();
     const auto& o = server.options();
     std::string tail = std::string("token ") + (o.token.empty() ? "off" : "required") + "; connection files in " +
-                       o.runtime_dir.string();
+                       o.runtime_dir.string() + "; state in " + o.state_dir.string();
     if (o.tcp) {
       std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
       spdlog::info("kgate {} listening on {}://{}:{}{} ({})", KGATE_VERSION, server.tls() ? "https" : "http", host,

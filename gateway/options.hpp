@@ -28,6 +28,7 @@ struct GatewayOptions {
   std::string token;  // empty = no auth (refused for a non-loopback bind)
   std::string base_url = "/";
   std::filesystem::path runtime_dir;  // default: jupyter_runtime_dir()
+  std::filesystem::path state_dir;    // default: default_state_dir(), $XDG_STATE_HOME/kgate
   std::filesystem::path root_dir;     // POST path= is relative to this; default: cwd
   std::string default_kernel = "python3";
 

@@ -13,8 +13,15 @@
 
 namespace kgate::gw {
 
+namespace {
+std::filesystem::path resolve_state_dir(const std::filesystem::path& configured) {
+  return configured.empty() ? default_state_dir() : std::filesystem::absolute(configured);
+}
+}  // namespace
+
 Server::Server(GatewayOptions opts)
     : opts_(std::move(opts)),
+      state_(StateDir::open(resolve_state_dir(opts_.state_dir))),
       hub_(ioc_, opts_),
       jobs_(opts_.records),
       waiters_(ioc_, opts_.max_waiters),
@@ -27,6 +34,9 @@ Server::Server(GatewayOptions opts)
       unix_(ioc_),
       signals_(ioc_, SIGINT, SIGTERM),
       hup_(ioc_, SIGHUP) {
+  opts_.state_dir = state_.path();
+  if (state_.tightened())
+    spdlog::warn("state directory {} was open to other users; it is mode 0700 now", state_.path().string());
   if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
   if (opts_.root_dir.empty()) opts_.root_dir = std::filesystem::current_path();
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
@@ -282,6 +292,7 @@ void Server::reload() {
   if (base.back() != '/') base += '/';
   needs_restart(base != opts_.base_url, "base_url");
   needs_restart(!n.runtime_dir.empty() && n.runtime_dir != opts_.runtime_dir, "runtime_dir");
+  needs_restart(resolve_state_dir(n.state_dir) != opts_.state_dir, "state_dir");
   needs_restart(n.default_kernel != opts_.default_kernel, "default_kernel");
   needs_restart(n.max_waiters != opts_.max_waiters, "records.max_waiters");
   needs_restart(n.kernel.ready_timeout != opts_.kernel.ready_timeout ||

@@ -16,6 +16,7 @@
 #include "jobs_api.hpp"
 #include "kgate/discovery.hpp"
 #include "kgate/jobs.hpp"
+#include "kgate/state_dir.hpp"
 #include "listener.hpp"
 #include "net.hpp"
 #include "options.hpp"
@@ -108,6 +109,9 @@ class Server {
   void warn_default_kernel(const std::string& default_kernel, const char* when);
 
   GatewayOptions opts_;
+  // Taken first, before anything else starts: a second kgate on the same state directory
+  // stops here, before it touches the runtime dir or a kernel (DEV.md §4c).
+  StateDir state_;
   net::io_context ioc_{1};
   Hub hub_;  // after ioc_, before manager_: the manager's thread posts into both
   JobStore jobs_;  // before manager_: the I/O thread feeds it

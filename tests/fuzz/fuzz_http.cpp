@@ -37,6 +37,7 @@ Server* make_server(const fs::path& root, const std::string& token) {
   o.port = 0;
   o.token = token;
   o.runtime_dir = root / ("runtime" + token);
+  o.state_dir = root / ("state" + token);  // one kgate per state directory
   o.root_dir = root;
   o.discovery.interpreters = false;
   o.pool.size = 0;

@@ -573,6 +573,8 @@ def make_jupyter_env(root):
         "JUPYTER_DATA_DIR": str(data),
         "JUPYTER_PATH": str(share),
         "HOME": os.environ.get("HOME", str(root)),
+        # kgate's state directory is held by one kgate at a time: each daemon gets its own
+        "XDG_STATE_HOME": str(root / "state"),
     })
     return env
 

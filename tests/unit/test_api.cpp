@@ -193,6 +193,7 @@ class CheckRequest : public ::testing::Test {
   void TearDown() override { spdlog::set_level(spdlog::level::info); }
   Server& server(GatewayOptions opts = {}) {
     opts.runtime_dir = tmp_.path() / ("rt" + std::to_string(servers_.size()));
+    opts.state_dir = tmp_.path() / ("st" + std::to_string(servers_.size()));  // one Server per state dir
     opts.root_dir = tmp_.path();
     servers_.push_back(std::make_unique<Server>(std::move(opts)));
     return *servers_.back();

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <csignal>
+#include <memory>
 #include <unistd.h>
 
 #include <fstream>
@@ -14,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "kgate/state_dir.hpp"
 #include "kgate/wire.hpp"
 #include "support.hpp"
 
@@ -502,6 +505,120 @@ print(kc._make_url("iopub"))
 )PY",
                                      file);
   EXPECT_EQ(out, c.endpoint(c.iopub_port) + "\n");
+}
+
+// ---- the state directory (state_dir.hpp) ----------------------------------------------
+
+TEST(StateDir, DefaultFollowsXdgStateHomeWhenAbsolute) {
+  ScopedEnv home("HOME", "/home/someone");
+  {
+    ScopedEnv x("XDG_STATE_HOME", "/var/lib/st");
+    EXPECT_EQ(default_state_dir(), fs::path("/var/lib/st/kgate"));
+  }
+  {
+    ScopedEnv x("XDG_STATE_HOME", "relative/st");  // the spec ignores a relative path
+    EXPECT_EQ(default_state_dir(), fs::path("/home/someone/.local/state/kgate"));
+  }
+  ScopedEnv x("XDG_STATE_HOME", std::nullopt);
+  EXPECT_EQ(default_state_dir(), fs::path("/home/someone/.local/state/kgate"));
+}
+
+TEST(StateDir, IsCreatedPrivateWithALockFileNamingItsHolder) {
+  TempDir tmp("kgate-state");
+  fs::path dir = tmp.path() / "a" / "b" / "kgate";
+  StateDir sd = StateDir::open(dir);
+  EXPECT_TRUE(sd.held());
+  EXPECT_EQ(sd.path(), dir);
+  EXPECT_EQ(file_mode(dir), 0700u);
+  EXPECT_EQ(file_mode(dir / "kgate.lock"), 0600u);
+  EXPECT_EQ(read_file(dir / "kgate.lock"), std::to_string(::getpid()) + "\n");
+  EXPECT_FALSE(sd.tightened());
+}
+
+TEST(StateDir, ASecondHolderIsRefusedWithTheFirstOnesPid) {
+  TempDir tmp("kgate-state");
+  StateDir first = StateDir::open(tmp.path() / "kgate");
+  try {
+    StateDir second = StateDir::open(tmp.path() / "kgate");
+    FAIL() << "a second open of a held state directory succeeded";
+  } catch (const std::runtime_error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find((tmp.path() / "kgate").string()), std::string::npos) << what;
+    EXPECT_NE(what.find("another kgate (pid " + std::to_string(::getpid()) + ")"), std::string::npos) << what;
+    EXPECT_NE(what.find("--state-dir"), std::string::npos) << what;
+  }
+  // The refusal changed nothing: the holder's pid is still in the file.
+  EXPECT_EQ(read_file(tmp.path() / "kgate" / "kgate.lock"), std::to_string(::getpid()) + "\n");
+}
+
+TEST(StateDir, TheLockGoesWithItsHolderAndMovesWithIt) {
+  TempDir tmp("kgate-state");
+  fs::path dir = tmp.path() / "kgate";
+  StateDir moved;
+  {
+    StateDir a = StateDir::open(dir);
+    moved = std::move(a);
+    EXPECT_FALSE(a.held());  // NOLINT(bugprone-use-after-move): the moved-from object holds nothing
+  }
+  EXPECT_TRUE(moved.held());
+  EXPECT_THROW(StateDir::open(dir), std::runtime_error);  // `a` going did not release it
+  moved = StateDir();
+  StateDir again = StateDir::open(dir);  // a stale lock file is no obstacle
+  EXPECT_TRUE(again.held());
+}
+
+TEST(StateDir, AChildProcessDoesNotInheritTheLock) {
+  TempDir tmp("kgate-state");
+  fs::path dir = tmp.path() / "kgate";
+  auto sd = std::make_unique<StateDir>(StateDir::open(dir));
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Let the child reach exec (close-on-exec applies there).
+  for (int i = 0; i < 200; ++i) {
+    std::ifstream comm("/proc/" + std::to_string(child) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "sleep") break;
+    ::usleep(10000);
+  }
+  sd.reset();
+  bool reopened = false;
+  try {
+    StateDir again = StateDir::open(dir);
+    reopened = again.held();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "the child kept the lock: " << e.what();
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(reopened);
+}
+
+TEST(StateDir, ADirectoryOpenToOthersIsMadePrivate) {
+  TempDir tmp("kgate-state");
+  fs::path dir = tmp.path() / "kgate";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  StateDir sd = StateDir::open(dir);
+  EXPECT_TRUE(sd.tightened());
+  EXPECT_EQ(file_mode(dir), 0700u);
+}
+
+TEST(StateDir, APathThatIsNotADirectoryIsRefused) {
+  TempDir tmp("kgate-state");
+  fs::path file = tmp.path() / "kgate";
+  std::ofstream(file) << "x";
+  try {
+    StateDir::open(file);
+    FAIL() << "a regular file was taken as the state directory";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+// kgate's state directory (DEV.md §4c): where what outlives one kgate process is kept, held by
+// one kgate at a time.
+#pragma once
+
+#include <filesystem>
+
+namespace kgate {
+
+// $XDG_STATE_HOME/kgate when $XDG_STATE_HOME is an absolute path (the XDG base directory spec
+// ignores a relative one), else ~/.local/state/kgate.
+std::filesystem::path default_state_dir();
+
+// An open state directory: created (with missing parents) mode 0700, and its lock file
+// (`kgate.lock`, mode 0600, holding the pid) locked with flock() for as long as this object
+// lives.  The lock is the kernel's: a kgate that is killed (kill -9, a crash) releases it, so a
+// stale lock file never blocks the next start.  The descriptor is close-on-exec, so no kernel
+// or other child inherits the lock.
+class StateDir {
+ public:
+  // Throws std::runtime_error naming the directory: it cannot be created, it belongs to another
+  // user, or another process holds it (then naming that process's pid).
+  static StateDir open(const std::filesystem::path& dir);
+
+  StateDir() = default;
+  StateDir(StateDir&& o) noexcept;
+  StateDir& operator=(StateDir&& o) noexcept;
+  StateDir(const StateDir&) = delete;
+  StateDir& operator=(const StateDir&) = delete;
+  ~StateDir();
+
+  const std::filesystem::path& path() const { return dir_; }
+  bool held() const { return fd_ >= 0; }
+  // The directory existed with access for others, and open() made it 0700.
+  bool tightened() const { return tightened_; }
+
+ private:
+  std::filesystem::path dir_;
+  int fd_ = -1;
+  bool tightened_ = false;
+};
+
+}  // namespace kgate
