@@ -306,6 +306,7 @@ struct KernelIo {
   // (libzmq may then have taken in the signal of a message that arrived), one whose read stopped
   // at its bound with messages left, and every socket after connect().
   std::uint8_t recheck = 0xff;
+  static constexpr std::uint8_t kHbBit = 1 << 4, kStdinMonitorBit = 1 << 7;
   static std::uint8_t bit(Channel ch) {
     switch (ch) {
       case Channel::shell: return 1 << 0;
@@ -517,7 +518,7 @@ void KernelManager::Impl::stop_stdin_monitor(KernelIo& k) {
 void KernelManager::Impl::on_stdin_monitor(KernelIo& k) {
   for (int n = 0; k.stdin_monitor; ++n) {
     if (n == 16) {
-      k.recheck |= 1 << 7;
+      k.recheck |= KernelIo::kStdinMonitorBit;
       return;
     }
     std::vector<zmq::message_t> parts;
@@ -913,7 +914,7 @@ void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t ep
   }
   std::string ping = std::to_string(++k->hb_seq);
   if (!k->hb_waiting) k->hb_silent_since = std::chrono::steady_clock::now();
-  k->recheck |= 1 << 4;
+  k->recheck |= KernelIo::kHbBit;
   if (k->hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k->hb_waiting = true;
   after(opts.heartbeat_interval, [this, id, epoch] { heartbeat_tick(id, epoch); });
 }
