@@ -330,6 +330,11 @@ fs::path config_home() {
 
 fs::path kgate_config_dir() { return config_home() / "kgate"; }
 
+fs::path state_home() {
+  if (auto x = env("XDG_STATE_HOME"); !x.empty() && x.front() == '/') return x;
+  return home_dir() / ".local" / "state";
+}
+
 fs::path jupyter_data_dir() {
   if (auto d = env("JUPYTER_DATA_DIR"); !d.empty()) return d;
   std::string xdg = env("XDG_DATA_HOME");

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -40,11 +39,7 @@ std::string read_pid(int fd) {
 
 }  // namespace
 
-fs::path default_state_dir() {
-  const char* x = std::getenv("XDG_STATE_HOME");
-  if (x && x[0] == '/') return fs::path(x) / "kgate";
-  return home_dir() / ".local" / "state" / "kgate";
-}
+fs::path default_state_dir() { return state_home() / "kgate"; }
 
 StateDir StateDir::open(const fs::path& dir) {
   StateDir s;

@@ -60,6 +60,8 @@ std::filesystem::path home_dir();
 std::filesystem::path config_home();
 // config_home()/kgate: kgate.toml, gateways.toml, kgate.env.
 std::filesystem::path kgate_config_dir();
+// $XDG_STATE_HOME when it is an absolute path, else home_dir()/.local/state (the same rule).
+std::filesystem::path state_home();
 // $JUPYTER_DATA_DIR, else ${XDG_DATA_HOME:-~/.local/share}/jupyter.
 std::filesystem::path jupyter_data_dir();
 // $JUPYTER_RUNTIME_DIR, else jupyter_data_dir()/runtime (jupyter_core's rule).

@@ -6,8 +6,8 @@
 
 namespace kgate {
 
-// $XDG_STATE_HOME/kgate when $XDG_STATE_HOME is an absolute path (the XDG base directory spec
-// ignores a relative one), else ~/.local/state/kgate.
+// state_home()/kgate (connection.hpp): $XDG_STATE_HOME/kgate when that is an absolute path (the
+// XDG base directory spec ignores a relative one), else ~/.local/state/kgate.
 std::filesystem::path default_state_dir();
 
 // An open state directory: created (with missing parents) mode 0700, and its lock file
