@@ -27,6 +27,10 @@ std::string fingerprint(const KernelSpec& spec) {
 
 constexpr std::chrono::seconds kFirstBackoff{5};
 constexpr std::chrono::seconds kMaxBackoff{300};
+// The quiet refill (refill_when_quiet).
+constexpr std::chrono::milliseconds kQuiet{1000};
+constexpr std::chrono::milliseconds kQuietPoll{250};
+constexpr std::chrono::seconds kMaxRefillDelay{30};
 
 }  // namespace
 
@@ -197,7 +201,7 @@ void WarmPool::start(StartRequest sr, std::function<void(StartResult)> done) {
     ++p.cold_starts;
     if (!why.empty()) spdlog::info("kernel start of {}: cold, not from the pool ({})", name, why);
     cold(std::move(sr), std::move(done));
-    if (why.empty()) fill(name);  // an empty or stale pool: (re)fill it
+    if (why.empty()) refill_when_quiet(name);  // an empty or stale pool: (re)fill it
     return;
   }
   std::string id = p.ready.front();
@@ -218,8 +222,38 @@ void WarmPool::start(StartRequest sr, std::function<void(StartResult)> done) {
         spdlog::warn("warm pool: hand-out failed ({}); starting {} cold", r.error, name);
         cold(std::move(sr), std::move(done));
       }
-      fill(name);
+      refill_when_quiet(name);
     });
+  });
+}
+
+bool WarmPool::kernels_quiet() const {
+  for (const auto& k : server_.manager().list()) {
+    std::string st = k->execution_state();
+    if (st == "busy" || st == "starting" || st == "restarting" || k->idle_for() < kQuiet) return false;
+  }
+  return true;
+}
+
+void WarmPool::refill_when_quiet(const std::string& name) {
+  if (stopping_) return;
+  SpecPool& p = pools_[name];
+  if (p.quiet_deadline) return;  // a check is already armed
+  p.quiet_deadline = std::chrono::steady_clock::now() + kMaxRefillDelay;
+  check_quiet(name);
+}
+
+void WarmPool::check_quiet(const std::string& name) {
+  SpecPool& p = pools_[name];
+  if (stopping_ || !p.quiet_deadline) return;
+  if (kernels_quiet() || std::chrono::steady_clock::now() >= *p.quiet_deadline) {
+    p.quiet_deadline.reset();
+    fill(name);
+    return;
+  }
+  auto t = std::make_shared<net::steady_timer>(server_.ioc(), kQuietPoll);
+  t->async_wait([this, t, name](beast::error_code ec) {
+    if (!ec) check_quiet(name);
   });
 }
 
@@ -231,6 +265,7 @@ nlohmann::json WarmPool::status() const {
                      {"starting", p.starting},
                      {"handed_out", p.handed_out},
                      {"cold_starts", p.cold_starts},
+                     {"refill_waits", p.quiet_deadline.has_value()},
                      {"default", name == default_name_}};
     if (!p.error.empty()) j["error"] = p.error;
     kernels[name] = std::move(j);

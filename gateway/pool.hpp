@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -57,9 +58,18 @@ class WarmPool {
     std::chrono::seconds backoff{0};   // after a failure: wait this long before the next start
     std::chrono::steady_clock::time_point retry_at{};
     bool fill_pending = false;         // a fill waits for the catalog or the backoff timer
+    // After a hand-out or a cold start: the refill waits until the gateway's kernels are quiet
+    // (refill_when_quiet), at most until this instant.
+    std::optional<std::chrono::steady_clock::time_point> quiet_deadline;
   };
 
   void fill(const std::string& name);  // name "" = the catalog's default
+  // The refill after a hand-out or a cold start: a kernel start takes a core for about a second,
+  // so it waits until no visible kernel is busy or has had activity for kQuiet, checking every
+  // kQuietPoll, and starts anyway after kMaxRefillDelay (DEV.md "Warm pool").
+  void refill_when_quiet(const std::string& name);
+  void check_quiet(const std::string& name);
+  bool kernels_quiet() const;
   void fill_from(const std::string& name, const KernelSpec& spec);
   void discard(SpecPool& p, std::size_t keep, const std::string& why);  // stops the oldest ready ones
   void on_started(const std::string& name, const std::string& fingerprint, StartResult r);

@@ -104,6 +104,26 @@ def test_pool_refills_and_hides_its_kernels(kgate_factory):
     kg.delete_kernel(model["id"])
 
 
+def test_refill_waits_until_the_kernels_are_quiet(kgate_factory):
+    """A kernel start takes a core for about a second: after a hand-out the refill waits until
+    no visible kernel is busy (or has had activity for 1 s), so the user's first cells do not
+    share the machine with it."""
+    kg = kgate_factory()
+    wait_ready(kg)
+    model = kg.start_kernel()
+    with kg.connect(model["id"]) as ws:
+        pending = ws.execute_async("import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(0.5)")
+        time.sleep(2.5)
+        during = python3_pool(kg)
+        assert during["ready"] == 0 and during["starting"] == 0 and during["refill_waits"], during
+        assert pooled_pids(kg) == set(), "the refill started while the handed-out kernel was busy"
+        r = ws.collect(pending, timeout=30)
+        assert r.status == "ok", r
+    wait_ready(kg)
+    assert python3_pool(kg)["refill_waits"] is False
+    kg.delete_kernel(model["id"])
+
+
 def test_startup_only_env_starts_cold(kgate_factory, tmp_path):
     kg = kgate_factory()
     wait_ready(kg)
