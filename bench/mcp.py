@@ -14,7 +14,7 @@ swap them. kgate-mcp gets KGATE_URL/KGATE_TOKEN of that kgate and an empty XDG_C
 2. Round trip, MCP_REPS repetitions. Each runs, in this order (reversed on even reps):
    the direct client (bench/wsclient.py direct N: the raw ZMQ floor, store_history=False), the same
    raw ZMQ client with store_history=True (what kgate's agent path asks the kernel for), the MCP run, kgate's agent
-   path over plain HTTP (POST .../execute with wait, then GET .../digest, as kgate-mcp does),
+   path over plain HTTP (POST .../execute with wait and "digest": true, as kgate-mcp does),
    the websocket client (wsclient.py gateway) on kgate, and on jupyter_server. Every kernel of the run gets a
    private IPYTHONDIR, so the cells that store history write a fresh history.sqlite, not
    ~/.ipython's. The MCP run is one fresh kgate-mcp: initialize (VmRSS read right after the
@@ -308,8 +308,9 @@ def run_direct_history(env, cwd):
 
 def agent_rest_run(kg):
     """kgate's agent path over plain HTTP/1.1 keep-alive, what kgate-mcp does per execute: POST
-    /api/kgate/kernels/{id}/execute {code, agent, wait} and then GET .../digest?agent=..., on a
-    kernel of its own (so no claim is shared with the MCP run)."""
+    /api/kgate/kernels/{id}/execute {code, agent, wait, digest: true} (the finished record carries
+    the kernel's digest, so no second request), on a kernel of its own (so no claim is shared with
+    the MCP run)."""
     H = {"Authorization": "token " + kg.token, "Content-Type": "application/json"}
     conn = http.client.HTTPConnection("127.0.0.1", kg.port, timeout=60)
 
@@ -331,14 +332,12 @@ def agent_rest_run(kg):
                 cpu0 = bench.cpu_s(kg.proc.pid)
             t = time.perf_counter()
             st, j = call("POST", "/api/kgate/kernels/%s/execute" % kid,
-                         {"code": "1+1", "agent": "kgate-bench-rest", "wait": 60 if i == 0 else 30})
-            t1 = time.perf_counter()
+                         {"code": "1+1", "agent": "kgate-bench-rest", "wait": 60 if i == 0 else 30, "digest": True})
+            t1 = t2 = time.perf_counter()
             if st != 200 or (j or {}).get("status") != "ok":
                 raise StepError("agent execute %d: HTTP %s %s" % (i + 1, st, json.dumps(j)[:300]))
-            st, _ = call("GET", "/api/kgate/kernels/%s/digest?agent=kgate-bench-rest" % kid)
-            t2 = time.perf_counter()
-            if st != 200:
-                raise StepError("digest %d: HTTP %s" % (i + 1, st))
+            if not isinstance((j or {}).get("digest"), dict):
+                raise StepError("agent execute %d: the record carries no digest: %s" % (i + 1, json.dumps(j)[:300]))
             if i >= WARMUP:
                 ex.append(t1 - t)
                 both.append(t2 - t)
@@ -421,8 +420,8 @@ def print_tables(R):
             for r in S["round_trip"]]
     print_md(["metric"] + [COLUMNS[w] for w in COLUMNS] + ["MCP/direct", "MCP/direct (history)", "MCP/agent REST"],
              rows)
-    print("agent REST = POST /api/kgate/kernels/{id}/execute (wait) + GET .../digest from Python http.client; "
-          "its POST alone: median %s µs." % _f(S["agent_rest_execute_only_median_us"]))
+    print("agent REST = POST /api/kgate/kernels/{id}/execute {wait, digest: true} from Python http.client "
+          "(median %s µs)." % _f(S["agent_rest_execute_only_median_us"]))
     per = []
     for i in range(REPS):
         one = lambda who: (R["latency"][who][i] or {}) if i < len(R["latency"][who]) else {}
@@ -455,7 +454,7 @@ def print_tables(R):
         ["kgate-mcp CPU over the %d timed executes (ms)" % N, _f(S["mcp_cpu_ms"]), "—", "—"],
         ["kgate-mcp CPU per execute (µs)", _f(None if S["mcp_cpu_ms"] is None else S["mcp_cpu_ms"] * 1e3 / N), "—", "—"],
         ["kgate CPU over the same %d executes (ms)" % N, _f(S["kgate_cpu_ms"]), "—", "—"],
-        ["kgate CPU over the agent REST run's %d timed executes + digests (ms)" % N, _f(S["kgate_rest_cpu_ms"]), "—", "—"],
+        ["kgate CPU over the agent REST run's %d timed executes (ms)" % N, _f(S["kgate_rest_cpu_ms"]), "—", "—"],
         ["kgate CPU over one websocket client run, %d+%d ws round trips + kernel start/stop (ms)" % (WARMUP, N),
          _f(S["kgate_ws_cpu_ms"]), "—", "—"],
     ]

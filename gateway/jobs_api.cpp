@@ -222,13 +222,28 @@ std::uint64_t job_number_arg(const std::string& s) {
   return n;
 }
 
-// Answers with the job's record once it is not running, or at the deadline.
-void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r) {
+// The kernel's digest (GET .../digest): the jobs no agent has been told of.
+json digest_json(Server& server, const std::string& kernel) {
+  auto d = server.jobs().digest(kernel);
+  json list = json::array();
+  for (auto& e : d.jobs)
+    list.push_back({{"job", e.job}, {"status", status_name(e.status)}, {"origin", origin_name(e.origin)},
+                    {"elapsed", std::round(e.elapsed * 1000.0) / 1000.0}});
+  return {{"kernel", kernel}, {"jobs", list}, {"evicted_unseen", d.evicted_unseen}};
+}
+
+// Answers with the job's record once it is not running, or at the deadline.  With `digest`, a
+// record no longer running carries its kernel's digest as it is at that moment (the agent's
+// note, without a second request: README "Job records").
+void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r,
+                           bool digest = false) {
   auto& jobs = server.jobs();
-  auto done = [&jobs, id, r] {
+  auto done = [&server, &jobs, id, r, digest] {
     auto j = jobs.job(id);
     if (!j) return r.error(http::status::not_found, "No such job '" + id + "' (it was evicted)");
-    r.ok(job_json(*j, true, std::chrono::steady_clock::now()));
+    json body = job_json(*j, true, std::chrono::steady_clock::now());
+    if (digest && j->status != JobStatus::running) body["digest"] = digest_json(server, j->kernel);
+    r.ok(body);
   };
   if (!server.waiters().add(wait, [&jobs, id] { return !jobs.is_running(id); }, done))
     r.error(http::status::service_unavailable, "Too many requests are waiting on jobs; try again");
@@ -282,6 +297,11 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
   auto label = string_field(body.j, "label", err);
   auto origin_s = string_field(body.j, "origin", err);
   auto wait = parse_wait(&body.j, "", err);
+  bool digest = false;
+  if (auto it = body.j.find("digest"); it != body.j.end()) {
+    if (!it->is_boolean()) err = "\"digest\" must be true or false";
+    else digest = it->get<bool>();
+  }
   if (!err.empty()) return r.error(http::status::bad_request, err);
   if (!code) return r.error(http::status::bad_request, "\"code\" is required");
   if (!agent || agent->empty())
@@ -301,7 +321,7 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
   auto out = server.jobs().submit(id, a, std::move(*code), origin,
                                   [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); });
   if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
-  respond_job_when_done(server, out.job, *wait, r);
+  respond_job_when_done(server, out.job, *wait, r, digest);
 }
 
 void post_interrupt(Server& server, const Request& req, const std::string& job, Respond respond) {
@@ -355,12 +375,7 @@ void get_digest(Server& server, const Request& req, const std::string& id, const
   if (!server.manager().get(id)) return r.error(http::status::not_found, "Kernel does not exist: " + id);
   std::string agent = query_param(query, "agent");
   if (!agent.empty()) server.jobs().touch_agent(AgentRef{agent, ""});
-  auto d = server.jobs().digest(id);
-  json list = json::array();
-  for (auto& e : d.jobs)
-    list.push_back({{"job", e.job}, {"status", status_name(e.status)}, {"origin", origin_name(e.origin)},
-                    {"elapsed", std::round(e.elapsed * 1000.0) / 1000.0}});
-  r.ok({{"kernel", id}, {"jobs", list}, {"evicted_unseen", d.evicted_unseen}});
+  r.ok(digest_json(server, id));
 }
 
 void post_ack(Server& server, const Request& req, const std::string& id, Respond respond) {
@@ -501,7 +516,11 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
       auto wait = parse_wait(nullptr, query, err);
       if (!wait) return respond(json_error(req, http::status::bad_request, err));
       if (!server.jobs().job(job)) return respond(json_error(req, http::status::not_found, "No such job '" + job + "'"));
-      return respond_job_when_done(server, job, *wait, replier(req, std::move(respond)));
+      std::string dg = query_param(query, "digest");
+      if (!dg.empty() && dg != "0" && dg != "1")
+        return respond(json_error(req, http::status::bad_request, "digest=" + dg + ": expected 0 or 1"));
+      if (std::string agent = query_param(query, "agent"); !agent.empty()) server.jobs().touch_agent(AgentRef{agent, ""});
+      return respond_job_when_done(server, job, *wait, replier(req, std::move(respond)), dg == "1");
     }
     if (n == 5 && parts[4] == "interrupt") {
       if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));

@@ -508,7 +508,7 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     return json{{"status", still_running ? "running" : got.reply.value("status", "ok")}};
   }
   json body = {{"code", code}, {"agent", agent_}, {"label", label()}, {"wait", std::min(timeout, kSlice)},
-               {"origin", host ? "host" : "mcp"}};
+               {"origin", host ? "host" : "mcp"}, {"digest", true}};
   auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
   json rec = r.json_body();
   if (r.status != 200) {
@@ -535,7 +535,7 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     if (left <= 0) break;
     if (call && call->cancelled) break;
     if (call && call->progress) call->progress(elapsed(), timeout, job + " running");
-    auto p = t.http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
+    auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
     if (p.status != 200) break;
     rec = p.json_body();
   }
@@ -547,11 +547,20 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   return rec;
 }
 
-std::string Translator::foreign_note(const Target& t, std::vector<std::string>& to_ack) {
+std::string Translator::foreign_note(const Target& t, std::vector<std::string>& to_ack, const json& rec) {
   if (!t.cur.kgate) return "";
-  auto r = t.http->get("api/kgate/kernels/" + t.cur.kernel + "/digest?agent=" + agent_, 10s);
-  if (r.status != 200) return "";
-  json d = r.json_body();
+  json d;
+  // A finished record from execute or poll carries its kernel's digest (asked with "digest"):
+  // no second request when it is the current kernel's.
+  if (auto it = rec.is_object() ? rec.find("digest") : rec.end();
+      rec.is_object() && it != rec.end() && it->is_object() && it->value("kernel", "") == t.cur.kernel) {
+    d = *it;
+  } else {
+    auto r = t.http->get("api/kgate/kernels/" + t.cur.kernel + "/digest?agent=" + agent_, 10s);
+    if (r.status != 200) return "";
+    d = r.json_body();
+  }
+  if (!d.is_object()) return "";
   std::vector<std::string> parts;
   std::string first;
   for (auto& e : d.value("jobs", json::array())) {
@@ -816,7 +825,7 @@ ToolReply Translator::execute(Call& c) {
     if (content.empty() || content_text(content).empty()) append_text(content, "(no output)");
     if (!banner.empty()) content.insert(content.begin(), text_block(banner));
   }
-  std::string note = foreign_note(*t, to_ack);
+  std::string note = foreign_note(*t, to_ack, rec);
   // Our own running job is never in the digest; repeats of a user's running cell are fine.
   append_text(content, note);
   ack(*t, to_ack);
@@ -839,7 +848,7 @@ ToolReply Translator::poll_job(Call& c) {
   json rec;
   while (true) {
     double left = wait - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    auto r = http->get("api/kgate/jobs/" + job + "?wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
+    auto r = http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
     if (r.status == 404) return text_reply("No such job '" + job + "'.", true);
     if (r.status != 200) return text_reply("cannot read " + job + " from " + ep.url + ": " + r.message(), true);
     rec = r.json_body();
@@ -867,7 +876,7 @@ ToolReply Translator::poll_job(Call& c) {
   if (cur) {
     Target t{*cur, http};
     std::vector<std::string> to_ack;
-    append_text(content, foreign_note(t, to_ack));
+    append_text(content, foreign_note(t, to_ack, rec));
     ack(t, to_ack);
   }
   ToolReply r;

@@ -72,7 +72,9 @@ class Translator final : public ToolHandler {
                 std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct);
   // After an interrupt: waits up to `bound` for `job` to end; its record, or null if unreadable.
   json wait_ended(const Target& t, const std::string& job, std::chrono::milliseconds bound, Call& c);
-  std::string foreign_note(const Target& t, std::vector<std::string>& to_ack);
+  // The note on cells the agent did not run, from `rec`'s embedded digest when it is the
+  // current kernel's, else from GET .../digest.
+  std::string foreign_note(const Target& t, std::vector<std::string>& to_ack, const json& rec = json());
   void ack(const Target& t, const std::vector<std::string>& ids);
 
   Config cfg_;

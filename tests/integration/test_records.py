@@ -156,6 +156,39 @@ def test_two_writers_recorded_and_digest(kgate, kernel):
             kc.stop_channels()
 
 
+def test_finished_records_carry_the_digest_when_asked(kgate, kernel):
+    """"digest": true on execute (and digest=1 on a job's GET) puts the kernel's digest in a
+    record that is no longer running, so an agent learns of foreign cells without a second
+    request; a running record never carries one, and a bad value is a 400."""
+    a = agent_id("agent-d")
+    with AgentLink(kgate, a, "Agent D"):
+        kc = attach_client(kgate, kernel)
+        try:
+            kc_run(kc, "print('user cell')")
+            u = wait_job_end(kgate, wait_for_job(kgate, kernel, lambda j: "user cell" in j["code"])["job"])
+        finally:
+            kc.stop_channels()
+        status, rec = kgate.rest("POST", f"/api/kgate/kernels/{kernel}/execute",
+                                 {"code": "1+1", "agent": a, "wait": 20, "digest": True})[0::2]
+        assert status == 200 and rec["status"] == "ok", rec
+        assert rec["digest"] == digest(kgate, kernel, a), rec
+        assert [j["job"] for j in rec["digest"]["jobs"]] == [u["job"]], rec
+        plain = agent_run(kgate, kernel, "2+2", a)
+        assert "digest" not in plain, plain
+        status, _, polled = kgate.rest("GET", f"/api/kgate/jobs/{plain['job']}?digest=1&agent={a}")
+        assert status == 200 and polled["digest"]["kernel"] == kernel, polled
+        assert [j["job"] for j in polled["digest"]["jobs"]] == [u["job"]], polled
+        status, rec = kgate.rest("POST", f"/api/kgate/kernels/{kernel}/execute",
+                                 {"code": "import time; time.sleep(2)", "agent": a, "wait": 0, "digest": True})[0::2]
+        assert status == 200 and rec["status"] == "running" and "digest" not in rec, rec
+        assert "digest" not in wait_job_end(kgate, rec["job"]), "a plain GET carries the digest"
+        status, _, body = kgate.rest("GET", f"/api/kgate/jobs/{rec['job']}?digest=yes")
+        assert status == 400 and "digest=yes" in body["message"], body
+        status, _, body = kgate.rest("POST", f"/api/kgate/kernels/{kernel}/execute",
+                                     {"code": "1", "agent": a, "digest": "yes"})
+        assert status == 400 and "digest" in body["message"], body
+
+
 # --------------------------------------------------------------------------
 # 2. Claims
 # --------------------------------------------------------------------------
