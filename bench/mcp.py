@@ -502,6 +502,9 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kgate-mcp-bench-")
     kgate_bin, mcp_bin = os.path.join(tmp, "kgate"), os.path.join(tmp, "kgate-mcp")
     shutil.copy2(KGATE_BIN, kgate_bin)   # the run uses these copies, whatever a build does meanwhile
+    sup = os.path.join(os.path.dirname(KGATE_BIN), "kgate-supervise")
+    if os.path.exists(sup):  # kgate runs its kernels under the supervisor beside it (DEV.md §4d)
+        shutil.copy2(sup, os.path.join(os.path.dirname(kgate_bin), "kgate-supervise"))
     shutil.copy2(MCP_BIN, mcp_bin)
     bench.KGATE_BIN = kgate_bin          # bench.Server("kgate", ...) spawns this
     R = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(), "cpus": os.cpu_count(),

@@ -148,6 +148,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "heartbeat_interval_ms") ms(opts.kernel.heartbeat_interval);
         else if (key == "heartbeat_misses") opts.kernel.heartbeat_misses = int(r.integer(node, full, 1, 1000));
         else if (key == "launch_attempts") opts.kernel.launch_attempts = int(r.integer(node, full, 1, 100));
+        else if (key == "orphan_timeout_seconds")
+          opts.kernel.orphan_timeout = std::chrono::seconds(r.integer(node, full, 0, 30 * 86400));
         else r.fail(full, "unknown key");
       } else if (section == "records") {
         auto& rl = opts.records;

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -143,9 +144,18 @@ int main(int argc, char** argv) {
   ::unsetenv("KGATE_TOKEN");
   std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
   bool use_cfg = !config.empty() || std::filesystem::exists(cfg);
+  // Kernels are started under kgate-supervise, installed beside kgate (DEV.md §4d).
+  std::filesystem::path supervisor;
+  {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    auto sup = self.parent_path() / "kgate-supervise";
+    if (!ec && ::access(sup.c_str(), X_OK) == 0) supervisor = sup;
+  }
   // kgate.toml with the flags over it: at start, and again on SIGHUP (Server::reload).
   auto load = [=] {
     GatewayOptions o;
+    o.kernel.supervisor = supervisor;
     if (use_cfg) kgate::gw::load_config_file(cfg, o);
     if (!ip.empty()) o.ip = ip;
     if (port >= 0) o.port = port;
@@ -175,6 +185,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  if (supervisor.empty())
+    spdlog::warn("kgate-supervise is not installed beside this kgate: kernels are its direct children");
   try {
     kgate::gw::Server server(std::move(opts));
     server.set_reloader(load);

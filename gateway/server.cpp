@@ -2,8 +2,10 @@
 #include "server.hpp"
 
 #include <csignal>
+#include <set>
 
 #include <fmt/ranges.h>
+
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
@@ -42,13 +44,22 @@ Server::Server(GatewayOptions opts)
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
   ensure_private_dir(opts_.runtime_dir);
+  // Kernels an earlier kgate left running (DEV.md §4e): their files are not stale.
+  opts_.kernel.table_dir = opts_.state_dir / "kernels";
+  KernelTable::Loaded table = KernelTable(opts_.kernel.table_dir).load();
+  for (const auto& p : table.problems) spdlog::warn("kernel table: {}", p);
+  std::set<std::string> keep;
+  for (const auto& e : table.entries) keep.insert(e.id);
   // A kgate that was killed (kill -9, a crash, the OOM killer) left its connection files.
-  if (auto stale = remove_stale_connection_files(opts_.runtime_dir); !stale.empty())
+  if (auto stale = remove_stale_connection_files(opts_.runtime_dir, keep); !stale.empty())
     spdlog::info("removed {} stale connection file{} of a kgate that is gone, in {}: {}", stale.size(),
                  stale.size() == 1 ? "" : "s", opts_.runtime_dir.string(), fmt::join(stale, ", "));
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
+  if (!table.entries.empty()) {
+    for (const auto& line : manager_->adopt(std::move(table.entries))) spdlog::info("{}", line);
+  }
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   pool_ = std::make_unique<WarmPool>(*this);
   // A change in the records (on any thread) re-checks the waiting requests, once per burst.
@@ -302,7 +313,8 @@ void Server::reload() {
                     n.kernel.heartbeat_misses != opts_.kernel.heartbeat_misses ||
                     n.kernel.launch_attempts != opts_.kernel.launch_attempts ||
                     n.kernel.max_pending != opts_.kernel.max_pending || n.kernel.max_held != opts_.kernel.max_held ||
-                    n.kernel.max_message_bytes != opts_.kernel.max_message_bytes,
+                    n.kernel.max_message_bytes != opts_.kernel.max_message_bytes ||
+                    n.kernel.orphan_timeout != opts_.kernel.orphan_timeout,
                 "[kernel] and the kernel limits");
   needs_restart(n.records.enabled != opts_.records.enabled || n.records.max_jobs != opts_.records.max_jobs ||
                     n.records.job_output_bytes != opts_.records.job_output_bytes ||

@@ -178,9 +178,6 @@ ConnectionInfo load_connection_info(const fs::path& path) {
   }
 }
 
-namespace {
-
-// Writes `text` to `path` as mode 0600, atomically: a temp file beside it, fsync, rename.
 void write_file_atomically(const fs::path& path, const std::string& text) {
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const fs::path tmp = dir / ("." + path.filename().string() + "." + new_hex_id() + ".tmp");
@@ -212,8 +209,6 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
     ::close(dfd);
   }
 }
-
-}  // namespace
 
 void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
   write_file_atomically(path, info.to_json().dump(2) + "\n");
@@ -265,7 +260,7 @@ void remove_owner_file(const fs::path& runtime_dir, const std::string& id) {
   fs::remove(owner_path(runtime_dir, id), ec);
 }
 
-std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_dir) {
+std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_dir, const std::set<std::string>& keep) {
   std::vector<std::string> removed;
   std::error_code ec;
   std::vector<fs::path> owners;
@@ -278,6 +273,7 @@ std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_d
   for (auto& file : owners) {
     const std::string name = file.filename().string();
     const std::string id = name.substr(kOwnerPrefix.size(), name.size() - kOwnerPrefix.size() - 5);
+    if (keep.count(id)) continue;  // a kernel that outlived its kgate, to be re-adopted
     std::ifstream in(file, std::ios::binary);
     std::ostringstream text;
     text << in.rdbuf();

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <deque>
+#include <future>
 #include <queue>
 #include <set>
 #include <thread>
@@ -31,6 +32,7 @@
 #include <zmq.hpp>
 
 #include "kgate/process.hpp"
+#include "kgate/supervisor.hpp"
 
 namespace kgate {
 
@@ -240,6 +242,10 @@ struct KernelIo {
   ConnectionInfo conn;
   std::filesystem::path file;
   ChildProcess proc;
+  std::string sup_name;  // the supervisor's socket name (kernel table)
+  bool adopted = false;  // re-adopted from an earlier kgate's table, not yet ready (adopt())
+  std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
   // Watches stdin's handshake: the kernel's stdin ROUTER drops an input_request for a peer
   // it has not met yet, so a kernel is not ready until our stdin DEALER is connected.
@@ -322,11 +328,12 @@ struct KernelIo {
 
 struct KernelManager::Impl {
   Impl(KernelOptions o, std::filesystem::path rd, std::vector<KernelObserver*> ob)
-      : opts(o), runtime_dir(std::move(rd)), observers(std::move(ob)) {}
+      : opts(o), runtime_dir(std::move(rd)), observers(std::move(ob)), table(opts.table_dir) {}
 
   KernelOptions opts;
   std::filesystem::path runtime_dir;
   std::vector<KernelObserver*> observers;
+  KernelTable table;  // I/O thread only
 
   zmq::context_t ctx{1};
   int wake_fd = -1;
@@ -398,6 +405,10 @@ struct KernelManager::Impl {
   bool interrupt_now(KernelIo& k);
   void begin_stop(KernelIo& k, bool restart);
   void finish_removal(KernelIo& k);
+  // The kernel table (DEV.md §4e): its entry, rewritten when it became ready or was handed out.
+  void save_entry(KernelIo& k);
+  // Listening to a kernel an earlier kgate started (adopt()): sockets and readiness, no launch.
+  void attach(KernelIo& k);
   bool cull_now(KernelIo& k, const CullRequest& req);
   void heartbeat_tick(const std::string& id, std::uint64_t epoch);
 };
@@ -439,6 +450,15 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   }
   lo.cwd = k.request.cwd;
   lo.die_with_parent = true;
+  if (!opts.supervisor.empty()) {
+    lo.supervisor = opts.supervisor;
+    // One name per launch: a restart's new supervisor never meets the old one's socket.
+    lo.supervisor_name = supervisor_socket_name(k.kernel->id()) + "/" + std::to_string(k.attempts) + "-" +
+                         std::to_string(k.epoch);
+    lo.orphan_timeout = opts.orphan_timeout;
+    lo.terminate_grace = opts.terminate_grace;
+  }
+  k.sup_name = lo.supervisor_name;
 
   k.proc = ChildProcess::launch(lo);  // throws std::system_error when exec fails
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
@@ -583,7 +603,7 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
                       " s (" + readiness_missing(k) + ")");
     return;
   }
-  if (now > k.stall_deadline && !k.stall_relaunched) {
+  if (now > k.stall_deadline && !k.stall_relaunched && !k.adopted) {
     // The process is alive but one half of the handshake never came (a socket that connected to
     // something else than the kernel, a kernel wedged in its start): start it again, once, on
     // fresh ports, rather than wait out the whole deadline and fail the request.
@@ -603,7 +623,9 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
     return;
   }
   ++k.info_sent;
-  if (auto sent = send_internal(k, Channel::shell, "kernel_info_request", json::object()); !sent.empty())
+  // An adopted kernel may be running a cell: its shell answers only after it, its control at once.
+  if (auto sent = send_internal(k, k.adopted ? Channel::control : Channel::shell, "kernel_info_request", json::object());
+      !sent.empty())
     k.readiness_ids.insert(std::move(sent));
   // Resend until both halves of readiness are seen: every request produces busy/idle on
   // iopub, so a reply without iopub means the subscription was not live yet (then the reply
@@ -632,7 +654,10 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.stall_relaunched = false;  // a later restart may relaunch once too
   k.kernel->set_state("idle");
   k.kernel->touch();
-  spdlog::info("kernel {}: ready{}", k.kernel->id(), was_restart ? " after restart" : "");
+  spdlog::info("kernel {}: {}", k.kernel->id(),
+               k.adopted ? "re-adopted" : was_restart ? "ready after restart" : "ready");
+  k.adopted = false;
+  save_entry(k);
   auto held = std::move(k.held);
   k.held.clear();
   for (auto& m : held) send_now(k, m);
@@ -1057,6 +1082,7 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
     kernels.erase(id);
   }
   remove_owner_file(runtime_dir, id);
+  table.remove(id);
   io.erase(id);  // k is gone from here on
   spdlog::info("kernel {}: removed", id);
   if (kernel->pooled()) {
@@ -1263,6 +1289,115 @@ KernelManager::~KernelManager() {
   ::close(impl_->wake_fd);
 }
 
+void KernelManager::Impl::save_entry(KernelIo& k) {
+  if (!table.enabled() || !k.proc.supervised()) return;  // a direct child cannot outlive kgate
+  KernelTableEntry e;
+  e.id = k.kernel->id();
+  e.pooled = k.kernel->pooled();
+  e.spec = k.kernel->spec();
+  e.conn = k.conn;
+  e.connection_file = k.file;
+  e.pid = k.proc.pid();
+  e.pid_start = k.proc.start_time();
+  e.supervisor = k.sup_name;
+  e.cull_idle_timeout = k.kernel->cull_idle_timeout();
+  e.created_unix_ms = k.created_unix_ms;
+  try {
+    table.save(e);
+  } catch (const std::exception& ex) {
+    spdlog::warn("kernel {}: cannot write its kernel table entry ({}); a later kgate will not re-adopt it",
+                 e.id, ex.what());
+  }
+}
+
+void KernelManager::Impl::attach(KernelIo& k) {
+  ++k.epoch;
+  open_sockets(k);
+  k.phase = Phase::launching;
+  k.ready_reply = false;
+  k.iopub_seen = false;
+  k.info_sent = 0;
+  k.readiness_ids.clear();
+  k.ready_deadline = Clock::now() + opts.ready_timeout;
+  k.stall_deadline = k.ready_deadline;
+  send_kernel_info(k);
+}
+
+std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entries) {
+  std::promise<std::vector<std::string>> done;
+  auto fut = done.get_future();
+  impl_->post([this, entries = std::move(entries), &done]() mutable {
+    Impl& m = *impl_;
+    std::vector<std::string> log;
+    for (auto& e : entries) {
+      auto forget = [&](const std::string& why) {
+        log.push_back("kernel " + e.id + ": not re-adopted: " + why);
+        m.table.remove(e.id);
+        std::error_code ec;
+        std::filesystem::remove(e.connection_file, ec);
+        remove_owner_file(m.runtime_dir, e.id);
+      };
+      if (m.io.count(e.id)) {
+        log.push_back("kernel " + e.id + ": already known; its table entry is ignored");
+        continue;
+      }
+      auto hello = ChildProcess::connect_supervisor(e.supervisor, 2000);
+      if (hello.fd < 0) {
+        forget("it ended while no kgate was running (" + hello.why + ")");
+        continue;
+      }
+      if (hello.pid != e.pid || hello.start_time != e.pid_start) {
+        ::close(hello.fd);
+        forget("its supervisor now holds another process (pid " + std::to_string(hello.pid) + ", not " +
+               std::to_string(e.pid) + ")");
+        continue;
+      }
+      ChildProcess proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time);
+      if (e.pooled) {  // a warm kernel not handed out: not worth keeping, the pool starts fresh ones
+        proc.signal_group(SIGTERM);
+        forget("a warm-pool kernel; stopped");
+        continue;
+      }
+      auto kernel = std::make_shared<Kernel>(e.id, e.spec);
+      kernel->set_cull_idle_timeout(e.cull_idle_timeout);
+      auto k = std::make_unique<KernelIo>();
+      k->kernel = kernel;
+      k->request.spec = e.spec;
+      k->request.id = e.id;
+      k->request.cull_idle_timeout = e.cull_idle_timeout;
+      k->conn = e.conn;
+      k->signer = std::make_unique<Signer>(k->conn.key, k->conn.signature_scheme);
+      k->file = e.connection_file;
+      k->proc = std::move(proc);
+      k->sup_name = e.supervisor;
+      k->adopted = true;
+      k->created_unix_ms = e.created_unix_ms;
+      for (int p : {k->conn.shell_port, k->conn.iopub_port, k->conn.stdin_port, k->conn.control_port,
+                    k->conn.hb_port})
+        m.reserved_ports.insert(p);
+      kernel->set_process(k->proc.pid(), k->file, k->conn);
+      kernel->touch();
+      KernelIo& ref = *k;
+      m.io.emplace(e.id, std::move(k));
+      {
+        std::lock_guard lk(m.kmu);
+        m.kernels.emplace(e.id, kernel);
+      }
+      try {
+        write_owner_file(m.runtime_dir, e.id);  // this kgate owns its files now
+      } catch (const std::exception& ex) {
+        spdlog::warn("kernel {}: {}", e.id, ex.what());
+      }
+      log.push_back("kernel " + e.id + " (" + e.spec.name + ", pid " + std::to_string(e.pid) +
+                    "): re-adopting it from an earlier kgate");
+      ref.start_waiters.push_back([](StartResult) {});
+      m.attach(ref);
+    }
+    done.set_value(std::move(log));
+  });
+  return fut.get();
+}
+
 void KernelManager::start(StartRequest req, std::function<void(StartResult)> done) {
   auto kernel = std::make_shared<Kernel>(req.id.empty() ? new_uuid() : req.id, std::move(req.spec));
   kernel->set_cull_idle_timeout(req.cull_idle_timeout);
@@ -1345,6 +1480,7 @@ void KernelManager::Impl::check_handout(KernelIo& k) {
   k.request.pooled = false;
   k.request.on_pool_lost = nullptr;
   k.kernel->handed_out();
+  save_entry(k);
   spdlog::info("kernel {}: handed out from the pool", k.kernel->id());
   done(StartResult{k.kernel, {}});
 }

@@ -1,8 +1,12 @@
 // Child processes: fork/exec in a new session with an exec-error pipe, pidfds, signalling, reaping.
 #include "kgate/process.hpp"
 
+#include "kgate/connection.hpp"
+
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -16,6 +20,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -72,25 +78,69 @@ ChildProcess::ChildProcess(ChildProcess&& o) noexcept
     : pid_(std::exchange(o.pid_, -1)),
       pidfd_(std::exchange(o.pidfd_, -1)),
       reaped_(std::exchange(o.reaped_, false)),
-      status_(std::exchange(o.status_, 0)) {}
+      status_(std::exchange(o.status_, 0)),
+      start_time_(std::exchange(o.start_time_, 0)),
+      sup_fd_(std::exchange(o.sup_fd_, -1)),
+      sup_pid_(std::exchange(o.sup_pid_, -1)),
+      sup_lost_(std::exchange(o.sup_lost_, false)),
+      sup_in_(std::move(o.sup_in_)) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
   if (this != &o) {
     close_fd(pidfd_);
+    close_fd(sup_fd_);
     pid_ = std::exchange(o.pid_, -1);
     pidfd_ = std::exchange(o.pidfd_, -1);
     reaped_ = std::exchange(o.reaped_, false);
     status_ = std::exchange(o.status_, 0);
+    start_time_ = std::exchange(o.start_time_, 0);
+    sup_fd_ = std::exchange(o.sup_fd_, -1);
+    sup_pid_ = std::exchange(o.sup_pid_, -1);
+    sup_lost_ = std::exchange(o.sup_lost_, false);
+    sup_in_ = std::move(o.sup_in_);
   }
   return *this;
 }
 
-ChildProcess::~ChildProcess() { close_fd(pidfd_); }
+// A supervisor still running keeps its kernel: closing the socket only tells it that this kgate
+// is gone (its orphan timeout starts).
+ChildProcess::~ChildProcess() {
+  close_fd(pidfd_);
+  close_fd(sup_fd_);
+}
+
+namespace {
+
+std::string launch_failure(const std::string& argv0, const std::string& cwd, int stage) {
+  std::string what = "cannot launch " + argv0;
+  switch (stage) {
+    case kStageChdir: what += " (chdir to " + cwd + ")"; break;
+    case kStageStdin: what += " (/dev/null as stdin)"; break;
+    case kStageStdout: what += " (its stdout or stderr)"; break;
+    case kStageExec: break;
+    default: what += " (child setup)"; break;
+  }
+  return what;
+}
+
+// An fd of `fd`'s file at 10 or above (close-on-exec), closing `fd`: keeps it clear of the fds a
+// child is about to set (0-3).
+bool raise_fd(int& fd) {
+  if (fd >= 10) return true;
+  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  if (moved < 0) return false;
+  ::close(fd);
+  fd = moved;
+  return true;
+}
+
+}  // namespace
 
 ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   if (opts.argv.empty()) {
     throw std::system_error(EINVAL, std::generic_category(), "cannot launch: empty argv");
   }
+  if (!opts.supervisor.empty()) return launch_supervised(opts);
   const std::string& argv0 = opts.argv.front();
 
   // Everything the child needs is prepared here: no allocation happens after fork.
@@ -120,6 +170,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   const pid_t parent_pid = ::getpid();
   const int out_fd = opts.stdout_fd;
   const int errfd = opts.stderr_fd;
+  const int pass_fd = opts.pass_fd;
   for (int fd : {out_fd, errfd}) {
     if (fd >= 0 && fd <= 2)
       throw std::system_error(EINVAL, std::generic_category(), "cannot launch " + argv0 + " (an output fd below 3)");
@@ -135,18 +186,13 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   if (::pipe2(pipefd, O_CLOEXEC) != 0) {
     throw std::system_error(errno, std::generic_category(), "cannot launch " + argv0 + " (pipe)");
   }
-  // Keep the error pipe clear of fds 0-2, which the child is about to overwrite.
+  // Keep the error pipe clear of fds 0-3, which the child is about to overwrite.
   for (int& fd : pipefd) {
-    if (fd <= 2) {
-      const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-      if (moved < 0) {
-        const int err = errno;
-        ::close(pipefd[0]);
-        ::close(pipefd[1]);
-        throw std::system_error(err, std::generic_category(), "cannot launch " + argv0 + " (pipe)");
-      }
-      ::close(fd);
-      fd = moved;
+    if (!raise_fd(fd)) {
+      const int err = errno;
+      ::close(pipefd[0]);
+      ::close(pipefd[1]);
+      throw std::system_error(err, std::generic_category(), "cannot launch " + argv0 + " (pipe)");
     }
   }
   const int err_w = pipefd[1];
@@ -170,6 +216,11 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
     for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP, SIGQUIT}) ::sigaction(sig, &dfl, nullptr);
     // Nothing else the daemon holds open should leak into the kernel.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (pass_fd == 3) {
+      if (::fcntl(3, F_SETFD, 0) != 0) child_fail(err_w, kStageStdout);
+    } else if (pass_fd >= 0 && ::dup2(pass_fd, 3) < 0) {
+      child_fail(err_w, kStageStdout);
+    }
     if (do_chdir && ::chdir(cwd.c_str()) != 0) child_fail(err_w, kStageChdir);
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull < 0) child_fail(err_w, kStageStdin);
@@ -205,15 +256,8 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
     while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
     const int err = got == sizeof ce ? ce.err : EIO;
-    std::string what = "cannot launch " + argv0;
-    switch (got == sizeof ce ? ce.stage : 0) {
-      case kStageChdir: what += " (chdir to " + cwd + ")"; break;
-      case kStageStdin: what += " (/dev/null as stdin)"; break;
-      case kStageStdout: what += " (its stdout or stderr)"; break;
-      case kStageExec: break;
-      default: what += " (child setup)"; break;
-    }
-    throw std::system_error(err, std::generic_category(), what);
+    const int stage = got == sizeof ce ? ce.stage : 0;
+    throw LaunchError(err, stage, launch_failure(argv0, cwd, stage));
   }
 
   ChildProcess child;
@@ -223,7 +267,216 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   return child;
 }
 
+ChildProcess ChildProcess::launch_supervised(const LaunchOptions& opts) {
+  const std::string& argv0 = opts.argv.front();
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    throw std::system_error(errno, std::generic_category(), "cannot launch " + argv0 + " (socketpair)");
+  for (int& fd : sv) {
+    if (!raise_fd(fd)) {
+      const int err = errno;
+      ::close(sv[0]);
+      ::close(sv[1]);
+      throw std::system_error(err, std::generic_category(), "cannot launch " + argv0 + " (socketpair)");
+    }
+  }
+  LaunchOptions so;
+  so.argv = {opts.supervisor.string(),
+             "--name", opts.supervisor_name,
+             "--orphan-timeout-ms", std::to_string(opts.orphan_timeout.count()),
+             "--grace-ms", std::to_string(opts.terminate_grace.count())};
+  if (!opts.cwd.empty()) {
+    so.argv.push_back("--cwd");
+    so.argv.push_back(opts.cwd.string());
+  }
+  so.argv.push_back("--");
+  so.argv.insert(so.argv.end(), opts.argv.begin(), opts.argv.end());
+  so.env = opts.env;
+  so.cwd = "/";
+  so.die_with_parent = false;  // it is what outlives us
+  so.stdout_fd = opts.stdout_fd;
+  so.stderr_fd = opts.stderr_fd;
+  so.pass_fd = sv[1];
+  ChildProcess sup;
+  try {
+    sup = launch(so);
+  } catch (...) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw;
+  }
+  ::close(sv[1]);
+  ChildProcess c;
+  c.sup_fd_ = sv[0];
+  c.sup_pid_ = std::exchange(sup.pid_, -1);
+  // Its first line: the kernel's pid, or why it could not be started.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string line;
+  for (;;) {
+    if (auto nl = c.sup_in_.find('\n'); nl != std::string::npos) {
+      line = c.sup_in_.substr(0, nl);
+      c.sup_in_.erase(0, nl + 1);
+      break;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{c.sup_fd_, POLLIN, 0};
+    const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    char buf[512];
+    const ssize_t n = ::recv(c.sup_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;
+    c.sup_in_.append(buf, static_cast<std::size_t>(n));
+  }
+  auto reap_supervisor = [&](bool kill_it) {
+    if (kill_it) ::kill(c.sup_pid_, SIGKILL);
+    int st = 0;
+    while (::waitpid(c.sup_pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    c.sup_pid_ = -1;
+  };
+  unsigned long long pid = 0, start = 0;
+  int stage = 0, err = 0;
+  if (std::sscanf(line.c_str(), "pid %llu %llu", &pid, &start) == 2 && pid > 0) {
+    c.pid_ = static_cast<pid_t>(pid);
+    c.start_time_ = start;
+    return c;
+  }
+  if (std::sscanf(line.c_str(), "error %d %d", &stage, &err) == 2) {
+    reap_supervisor(false);
+    throw LaunchError(err, stage, launch_failure(argv0, opts.cwd.string(), stage));
+  }
+  reap_supervisor(true);
+  throw std::system_error(line.empty() ? ETIMEDOUT : EPROTO, std::generic_category(),
+                          "cannot launch " + argv0 + " (its supervisor " + opts.supervisor.string() +
+                              (line.empty() ? " did not report the kernel's pid within 10 s)" : " said: " + line + ")"));
+}
+
+ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_time) {
+  ChildProcess c;
+  c.sup_fd_ = fd;
+  c.pid_ = pid;
+  c.start_time_ = start_time;
+  return c;
+}
+
+ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms) {
+  SupervisorHello h;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof a.sun_path) {
+    h.why = "no supervisor name";
+    return h;
+  }
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || !raise_fd(fd)) {
+    h.why = std::string("socket: ") + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return h;
+  }
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    h.why = errno == ECONNREFUSED ? "its supervisor is gone" : std::string("connect: ") + std::strerror(errno);
+    ::close(fd);
+    return h;
+  }
+  std::string line;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (line.empty() || line.back() != '\n') {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    char c;
+    if (r <= 0 || ::recv(fd, &c, 1, 0) != 1 || line.size() > 200) {
+      h.why = r == 0 ? "its supervisor did not answer" : "its supervisor closed the connection";
+      ::close(fd);
+      return h;
+    }
+    line += c;
+  }
+  unsigned long long pid = 0, start = 0;
+  if (std::sscanf(line.c_str(), "pid %llu %llu", &pid, &start) != 2 || pid == 0) {
+    h.why = "its supervisor said: " + line.substr(0, line.size() - 1);
+    ::close(fd);
+    return h;
+  }
+  h.fd = fd;
+  h.pid = static_cast<pid_t>(pid);
+  h.start_time = start;
+  return h;
+}
+
+void ChildProcess::tell_supervisor(const std::string& line) {
+  std::string msg = line + "\n";
+  const char* p = msg.data();
+  std::size_t left = msg.size();
+  while (left > 0) {  // a few bytes into an empty socket buffer: never blocks in practice
+    const ssize_t n = ::send(sup_fd_, p, left, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the supervisor is gone: read_supervisor() will say so
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+bool ChildProcess::read_supervisor(int timeout_ms) {
+  if (reaped_) return true;
+  pollfd p{sup_fd_, POLLIN, 0};
+  int r;
+  do {
+    r = ::poll(&p, 1, timeout_ms);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) return false;
+  bool eof = false;
+  for (;;) {
+    char buf[512];
+    const ssize_t n = ::recv(sup_fd_, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      eof = errno != EAGAIN;
+      break;
+    }
+    if (n == 0) {
+      eof = true;
+      break;
+    }
+    sup_in_.append(buf, static_cast<std::size_t>(n));
+    if (sup_in_.size() > 4096) sup_in_.erase(0, sup_in_.size() - 4096);  // bounded: lines are short
+  }
+  for (auto nl = sup_in_.find('\n'); nl != std::string::npos; nl = sup_in_.find('\n')) {
+    std::string line = sup_in_.substr(0, nl);
+    sup_in_.erase(0, nl + 1);
+    int st = 0;
+    if (std::sscanf(line.c_str(), "exit %d", &st) == 1) {
+      reaped_ = true;
+      status_ = st;
+    }
+  }
+  if (!reaped_ && eof) {
+    // The supervisor died without a word (SIGKILL, OOM): its kernel dies with it
+    // (PR_SET_PDEATHSIG), and is killed here too if it is still the same process.
+    sup_lost_ = true;
+    reaped_ = true;
+    status_ = 0;
+    if (start_time_ != 0 && process_start_time(pid_) == start_time_) ::killpg(pid_, SIGKILL);
+  }
+  if (reaped_ && sup_pid_ > 0) {  // it exits right after its last line: collect it
+    int st = 0;
+    for (int i = 0; i < 200; ++i) {
+      const pid_t w = ::waitpid(sup_pid_, &st, WNOHANG);
+      if (w == sup_pid_ || (w < 0 && errno == ECHILD)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    sup_pid_ = -1;
+  }
+  return reaped_;
+}
+
 bool ChildProcess::try_reap() {
+  if (sup_fd_ >= 0) return read_supervisor(0);
   if (pid_ <= 0) return false;
   if (reaped_) return true;
   int st = 0;
@@ -249,6 +502,17 @@ bool ChildProcess::wait_for_exit(int timeout_ms) {
   if (pid_ <= 0) return false;
   if (try_reap()) return true;
   using clock = std::chrono::steady_clock;
+  if (sup_fd_ >= 0) {
+    const auto until = clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms);
+    for (;;) {
+      int left = -1;
+      if (timeout_ms >= 0) {
+        left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(until - clock::now()).count());
+        if (left <= 0) return try_reap();
+      }
+      if (read_supervisor(left)) return true;
+    }
+  }
   const bool forever = timeout_ms < 0;
   const auto deadline = clock::now() + std::chrono::milliseconds(forever ? 0 : timeout_ms);
   auto remaining_ms = [&]() -> int {
@@ -277,17 +541,20 @@ bool ChildProcess::wait_for_exit(int timeout_ms) {
 
 void ChildProcess::signal_group(int sig) {
   if (!running()) return;
+  if (sup_fd_ >= 0) return tell_supervisor("signal " + std::to_string(sig) + " group");
   if (::killpg(pid_, sig) != 0 && (errno == ESRCH || errno == EPERM)) ::kill(pid_, sig);
 }
 
 void ChildProcess::signal(int sig) {
   if (!running()) return;
+  if (sup_fd_ >= 0) return tell_supervisor("signal " + std::to_string(sig) + " pid");
   ::kill(pid_, sig);
 }
 
 std::string ChildProcess::describe_exit() const {
   if (pid_ <= 0) return "not started";
   if (!reaped_) return "still running";
+  if (sup_lost_) return "ended with its supervisor (which was killed; the kernel's own status is unknown)";
   if (WIFEXITED(status_)) return "exited with code " + std::to_string(WEXITSTATUS(status_));
   if (WIFSIGNALED(status_)) {
     const int sig = WTERMSIG(status_);

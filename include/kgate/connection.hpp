@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ ConnectionInfo load_connection_info(const std::filesystem::path& path);
 // Throws std::runtime_error on failure.
 void write_connection_file(const std::filesystem::path& path, const ConnectionInfo& info);
 
+// Writes `text` to `path` as mode 0600, atomically: a temp file beside it, fsync, rename, and an
+// fsync of the directory.  Throws std::runtime_error with the path and the reason.
+void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+
 // The start time of process `pid` (Linux: /proc/<pid>/stat, clock ticks since boot); 0 when it
 // does not exist or the platform cannot tell.  With the pid it names one process, reuse or not.
 unsigned long long process_start_time(int pid);
@@ -50,8 +55,10 @@ void remove_owner_file(const std::filesystem::path& runtime_dir, const std::stri
 // pid since reused: another start time), removes kernel-<id>.json, pool-<id>.json and the owner
 // file: a kgate that was killed (kill -9, a crash) cannot remove its own.  Files of a live kgate,
 // and connection files without an owner file (other programs'), are left alone.  Returns the
-// connection files removed.
-std::vector<std::string> remove_stale_connection_files(const std::filesystem::path& runtime_dir);
+// connection files removed.  Kernels whose id is in `keep` (the kernel table's: they outlived
+// their kgate and are re-adopted) are spared.
+std::vector<std::string> remove_stale_connection_files(const std::filesystem::path& runtime_dir,
+                                                       const std::set<std::string>& keep = {});
 
 // $HOME when it is an absolute path, else the password database's home directory, else "/".
 std::filesystem::path home_dir();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kgate/connection.hpp"
+#include "kgate/kernel_table.hpp"
 #include "kgate/kernelspec.hpp"
 #include "kgate/wire.hpp"
 
@@ -164,6 +165,13 @@ struct KernelOptions {
   std::size_t max_pending = 10000;      // requests awaiting a reply, per kernel
   std::size_t max_held = 1000;          // client messages held while starting/restarting
   std::size_t max_message_bytes = std::size_t{1} << 30;  // one message from a kernel
+  // Supervision (DEV.md §4d): the kgate-supervise binary each kernel is started under, so it
+  // can outlive this process; empty = kernels are direct children that die with it.
+  std::filesystem::path supervisor;
+  // How long a supervised kernel waits for a kgate to come back before it stops itself.
+  std::chrono::milliseconds orphan_timeout{std::chrono::hours(1)};
+  // The kernel table (DEV.md §4e): <state dir>/kernels; empty = none kept.
+  std::filesystem::path table_dir;
 };
 
 // What POST /api/kernels asks for, after the gateway applied its policies.
@@ -254,6 +262,13 @@ class KernelManager {
 
   // Stops every kernel concurrently and waits (bounded by the shutdown graces).
   void shutdown_all();
+
+  // Re-adopts kernels that outlived an earlier kgate (DEV.md §4e), from its kernel table: each
+  // one's supervisor is reached and must still hold the same process (pid and start time); the
+  // kernel is then listed at once (`starting`) with its id, spec, ports, key and connection
+  // file, and becomes `idle` when it answers kernel_info on control.  Pooled ones are stopped.
+  // Entries whose kernel is gone are dropped.  Returns one line per entry, for the log.
+  std::vector<std::string> adopt(std::vector<KernelTableEntry> entries);
 
  private:
   struct Impl;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <sys/types.h>
@@ -18,6 +19,24 @@ struct LaunchOptions {
   bool die_with_parent = true;                 // PR_SET_PDEATHSIG(SIGKILL) in the child
   int stdout_fd = -1;                          // >= 3: the child's stdout; -1: inherit ours
   int stderr_fd = -1;                          // >= 3: the child's stderr; -1: inherit ours
+  int pass_fd = -1;                            // >= 0: becomes the child's fd 3 (inherited)
+
+  // Supervised (DEV.md §4d): `supervisor` (the kgate-supervise binary) is started instead, with
+  // a socket to it as its fd 3, and it starts argv as its own child.  The ChildProcess then
+  // stands for the kernel (pid(), signals, the exit status) through that socket, and the kernel
+  // can outlive this process.  die_with_parent is then the kernel's tie to its supervisor.
+  std::filesystem::path supervisor;            // empty: argv is a direct child
+  std::string supervisor_name;                 // its abstract socket's name
+  std::chrono::milliseconds orphan_timeout{0};    // with no kgate connected to it
+  std::chrono::milliseconds terminate_grace{2500};
+};
+
+// What ChildProcess::launch throws when the child failed before or at its exec; `stage` says
+// where (chdir, stdin, exec, stdout/stderr), so a supervisor can pass it on as it was.
+struct LaunchError : std::system_error {
+  LaunchError(int err, int stage_, const std::string& what)
+      : std::system_error(err, std::generic_category(), what), stage(stage_) {}
+  int stage;
 };
 
 // A launched child.  Not copyable; the destructor does not kill the process (the owner
@@ -33,12 +52,31 @@ class ChildProcess {
 
   // fork+exec in a new session (setsid).  Throws std::system_error when the exec fails
   // (the child reports errno back over a CLOEXEC pipe, so "no such file" is caught here).
+  // Supervised, it also blocks until the supervisor reported the kernel's pid (or its failure).
   static ChildProcess launch(const LaunchOptions& opts);
 
+  // A kernel started by an earlier kgate, through a connection `fd` to its supervisor that
+  // already answered "pid <pid> <start_time>" (DEV.md §4e).  Takes `fd`.
+  static ChildProcess adopt(int fd, pid_t pid, unsigned long long start_time);
+  // Connects to the supervisor named `name` (this uid's) and reads its "pid" line within
+  // `timeout_ms`.  Returns the fd, pid and start time; fd -1 (errno-style reason in `why`) when
+  // there is no such supervisor any more.
+  struct SupervisorHello {
+    int fd = -1;
+    pid_t pid = 0;
+    unsigned long long start_time = 0;
+    std::string why;
+  };
+  static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms);
+
   pid_t pid() const noexcept { return pid_; }
-  // A pollable fd that becomes readable when the process exits (pidfd_open); -1 if the
-  // kernel has none, in which case callers poll try_reap() on a timer.
-  int exit_fd() const noexcept { return pidfd_; }
+  // A pollable fd that becomes readable when the process exits (pidfd_open, or the
+  // supervisor's socket); -1 if the kernel has none, in which case callers poll try_reap() on a
+  // timer.
+  int exit_fd() const noexcept { return sup_fd_ >= 0 ? sup_fd_ : pidfd_; }
+  bool supervised() const noexcept { return sup_fd_ >= 0; }
+  // The kernel's start time (/proc/<pid>/stat), with its pid the key that a reused pid never matches.
+  unsigned long long start_time() const noexcept { return start_time_; }
   bool running() const noexcept { return pid_ > 0 && !reaped_; }
   // waitpid(WNOHANG).  Returns true once the process has exited (and records the status).
   bool try_reap();
@@ -54,10 +92,22 @@ class ChildProcess {
   std::string describe_exit() const;
 
  private:
+  static ChildProcess launch_supervised(const LaunchOptions& opts);
+  // Supervised: reads what the supervisor sent; true once the kernel's end is known.
+  bool read_supervisor(int timeout_ms);
+  void tell_supervisor(const std::string& line);
+
   pid_t pid_ = -1;
   int pidfd_ = -1;
   bool reaped_ = false;
   int status_ = 0;
+  unsigned long long start_time_ = 0;
+  // Supervised: the socket to the supervisor, the supervisor itself (a child of ours until it
+  // is reaped), and whether it went away without reporting the kernel's end.
+  int sup_fd_ = -1;
+  pid_t sup_pid_ = -1;
+  bool sup_lost_ = false;
+  std::string sup_in_;
 };
 
 // Running a program to its end: every short-lived child of kgate (an interpreter probe, systemctl)

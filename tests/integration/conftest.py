@@ -159,6 +159,30 @@ def children_of(pid):
     return kids
 
 
+def supervisors_of(root):
+    """kgate-supervise processes (DEV.md §4d) whose kernel's argv names a file under root."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        argv = cmdline_of(int(d))
+        if argv and os.path.basename(argv[0]) == "kgate-supervise" and any(str(root) in a for a in argv):
+            found.append(int(d))
+    return found
+
+
+def sweep_supervisors(root, timeout=10):
+    """Stop the kernels a killed kgate left behind under root: SIGTERM to their supervisors,
+    which stop their kernels and exit."""
+    pids = supervisors_of(root)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout)
+
+
 def cmdline_of(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -659,9 +683,19 @@ class Kgate:
 
     def stop(self, timeout=SHUTDOWN_TIMEOUT):
         """SIGTERM and wait; returns the exit code. Raises AssertionError (after SIGKILL)
-        if the daemon does not exit within timeout."""
+        if the daemon does not exit within timeout.  Kernels that outlive it (a kgate killed
+        with -9 leaves them for orphan_timeout_seconds, to be re-adopted) are stopped too,
+        unless another live kgate of this root may hold them."""
         if self in _LIVE_DAEMONS:
             _LIVE_DAEMONS.remove(self)
+        try:
+            return self._stop(timeout)
+        finally:
+            if not any(d.root == self.root and d.proc is not None and d.proc.poll() is None
+                       for d in _LIVE_DAEMONS):
+                sweep_supervisors(self.root)
+
+    def _stop(self, timeout):
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         kids = self.children()
@@ -679,7 +713,21 @@ class Kgate:
             raise AssertionError(f"kgate did not exit within {timeout}s of SIGTERM\n{self.log_tail()}")
 
     def children(self):
-        return children_of(self.proc.pid) if self.proc else set()
+        """kgate's kernel processes: its children, and for a kernel under kgate-supervise
+        (DEV.md §4d) the supervisor's children instead of the supervisor."""
+        out = set()
+        for pid, kids in self.supervised().items():
+            out |= {pid} if kids is None else kids
+        return out
+
+    def supervised(self):
+        """{child of kgate: its children if it is a kgate-supervise, else None}."""
+        out = {}
+        for pid in (children_of(self.proc.pid) if self.proc else set()):
+            argv = cmdline_of(pid)
+            sup = bool(argv) and os.path.basename(argv[0]) == "kgate-supervise"
+            out[pid] = children_of(pid) if sup else None
+        return out
 
     def kernel_pid(self, kernel_id, timeout=5):
         """pid of the kernel process: a child of kgate whose argv names its connection file

@@ -651,8 +651,12 @@ def test_stalled_client_bounded_memory_and_fast_client_unaffected(kgate_factory,
 
 # ================================================================ d. kgate itself SIGKILLed
 
-def kill_kgate_with_two_kernels(kgate_factory):
-    kg = kgate_factory()   # with the warm pool (size 1): its kernel is a child too
+def kill_kgate_with_two_kernels(kgate_factory, tmp_path):
+    # orphan_timeout_seconds = 0: kernels end with their kgate at once (by default they wait an
+    # hour to be re-adopted: test_readopt.py).
+    cfg = tmp_path / "orphan0.toml"
+    cfg.write_text("[kernel]\norphan_timeout_seconds = 0\n")
+    kg = kgate_factory(config=cfg)   # with the warm pool (size 1): its kernel is a child too
     kernels = [kg.start_kernel()["id"] for _ in range(2)]
     for kid in kernels:
         with kg.connect(kid) as ws:
@@ -670,16 +674,16 @@ def kill_kgate_with_two_kernels(kgate_factory):
     return kg, kernels, pids, children, files
 
 
-def test_kgate_killed_takes_its_kernels_with_it(kgate_factory):
-    kg, kernels, pids, children, _ = kill_kgate_with_two_kernels(kgate_factory)
+def test_kgate_killed_takes_its_kernels_with_it(kgate_factory, tmp_path):
+    kg, kernels, pids, children, _ = kill_kgate_with_two_kernels(kgate_factory, tmp_path)
     gone = wait_until(lambda: not [p for p in children if pid_alive(p)], 5)
     alive = {p: open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:200]
              for p in children if pid_alive(p)}
     assert gone, f"kernel processes outlived kill -9 of kgate (orphans): {alive}"
 
 
-def test_stale_connection_files_removed_on_next_start(kgate_factory, kgate_bin):
-    kg, kernels, pids, children, files = kill_kgate_with_two_kernels(kgate_factory)
+def test_stale_connection_files_removed_on_next_start(kgate_factory, kgate_bin, tmp_path):
+    kg, kernels, pids, children, files = kill_kgate_with_two_kernels(kgate_factory, tmp_path)
     assert wait_until(lambda: not [p for p in children if pid_alive(p)], 5), "kernels outlived kgate"
     # kill -9 leaves the files behind: nobody could remove them
     assert all(f.is_file() for f in files), [f for f in files if not f.is_file()]

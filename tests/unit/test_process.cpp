@@ -3,6 +3,9 @@
 #include "kgate/process.hpp"
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -17,11 +20,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kgate/connection.hpp"
 #include "kgate/kernel.hpp"
 #include "support.hpp"
 
@@ -383,6 +389,184 @@ TEST(DeathSignal, WithoutItTheGrandchildSurvives) {
   EXPECT_TRUE(alive(grandchild));
   ::kill(grandchild, SIGKILL);
   EXPECT_TRUE(wait_dead(grandchild, 2000));
+}
+
+// ---------------------------------------------------------------------------------------
+// Supervised launches (kgate-supervise, DEV.md §4d): the ChildProcess stands for the kernel
+
+int g_sup_seq = 0;
+
+LaunchOptions supervised(std::vector<std::string> argv, std::chrono::milliseconds orphan = std::chrono::milliseconds(0)) {
+  LaunchOptions o;
+  o.argv = std::move(argv);
+  o.env = kMinimalEnv;
+  o.supervisor = KGATE_SUPERVISE_BIN;
+  o.supervisor_name = "kgate-unit-test/" + std::to_string(::getpid()) + "/" + std::to_string(++g_sup_seq);
+  o.orphan_timeout = orphan;
+  o.terminate_grace = std::chrono::milliseconds(500);
+  return o;
+}
+
+// The parent of `pid`, from /proc/<pid>/stat (0 when gone).
+pid_t parent_of(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  char state = 0;
+  int ppid = 0;
+  if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return ppid;
+}
+
+// A connection to a supervisor's abstract socket, as a later kgate makes.
+int connect_supervisor(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string read_line_from(int fd, int timeout_ms) {
+  std::string s;
+  char c;
+  while (s.empty() || s.back() != '\n') {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) != 1 || ::read(fd, &c, 1) != 1) return s;
+    s += c;
+  }
+  s.pop_back();
+  return s;
+}
+
+TEST(Supervised, PidIsTheKernelsAndItsParentTheSupervisor) {
+  ChildProcess c = ChildProcess::launch(supervised({"/bin/sh", "-c", "sleep 0.2; exit 7"}));
+  KillOnExit k{c};
+  EXPECT_TRUE(c.supervised());
+  ASSERT_GT(c.pid(), 0);
+  const pid_t sup = parent_of(c.pid());
+  EXPECT_NE(sup, ::getpid());
+  EXPECT_NE(read_file("/proc/" + std::to_string(sup) + "/cmdline").find("kgate-supervise"), std::string::npos);
+  EXPECT_EQ(c.start_time(), process_start_time(c.pid()));
+  EXPECT_GE(c.exit_fd(), 0);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(c.describe_exit(), "exited with code 7");
+  EXPECT_TRUE(wait_dead(sup, 2000)) << "the supervisor outlived its kernel";
+}
+
+TEST(Supervised, LaunchFailuresAreReportedAsForADirectChild) {
+  try {
+    ChildProcess::launch(supervised({"/nonexistent/kgate-test-prog"}));
+    FAIL() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOENT) << e.what();
+  }
+  TempDir d("kgate-sup");
+  const auto f = d.path() / "not-exec";
+  std::ofstream(f) << "#!/bin/sh\n";
+  try {
+    ChildProcess::launch(supervised({f.string()}));
+    FAIL() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EACCES) << e.what();
+  }
+  auto o = supervised({"/bin/true"});
+  o.cwd = d.path() / "missing";
+  try {
+    ChildProcess::launch(o);
+    FAIL() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find("chdir to"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Supervised, RunsInCwdWithTheGivenEnvironment) {
+  TempDir d("kgate-sup");
+  auto o = supervised({"/bin/sh", "-c", "pwd > out; echo \"$KGATE_X\" >> out; echo \"$JPY_PARENT_PID $PPID\" >> out"});
+  o.cwd = d.path();
+  o.env["KGATE_X"] = "value with spaces";
+  ChildProcess c = ChildProcess::launch(o);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  const std::string out = read_file(d.path() / "out");
+  const std::string head = d.path().string() + "\nvalue with spaces\n";
+  ASSERT_EQ(out.substr(0, head.size()), head);
+  // JPY_PARENT_PID names the kernel's parent, the supervisor (ipykernel's parent poller watches it).
+  int jpy = 0, ppid = 0;
+  ASSERT_EQ(std::sscanf(out.c_str() + head.size(), "%d %d", &jpy, &ppid), 2) << out;
+  EXPECT_EQ(jpy, ppid);
+  EXPECT_NE(jpy, ::getpid());
+}
+
+TEST(Supervised, SignalsGoThroughTheSupervisor) {
+  ChildProcess c = ChildProcess::launch(supervised({"sleep", "30"}));
+  KillOnExit k{c};
+  c.signal(SIGTERM);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_EQ(c.describe_exit(), "killed by signal SIGTERM");
+
+  TempDir d("kgate-sup");
+  ChildProcess g = ChildProcess::launch(supervised({"/bin/sh", "-c", "sleep 30 & echo $! > " + (d.path() / "gc").string() + "; wait"}));
+  KillOnExit kg{g};
+  const std::string gc = wait_line(d.path() / "gc", 5000);
+  ASSERT_FALSE(gc.empty());
+  g.signal_group(SIGKILL);
+  ASSERT_TRUE(g.wait_for_exit(5000));
+  EXPECT_TRUE(wait_dead(std::stoi(gc), 2000)) << "the group signal missed the grandchild";
+}
+
+TEST(Supervised, WithoutAKgateTheKernelEndsAfterTheOrphanTimeout) {
+  pid_t pid;
+  {
+    ChildProcess c = ChildProcess::launch(supervised({"sleep", "30"}, std::chrono::milliseconds(700)));
+    pid = c.pid();
+  }  // this "kgate" goes: the supervisor keeps the kernel for the orphan timeout
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(alive(pid)) << "the kernel ended before the orphan timeout";
+  EXPECT_TRUE(wait_dead(pid, 5000)) << "the kernel outlived the orphan timeout";
+  {
+    ChildProcess c = ChildProcess::launch(supervised({"sleep", "30"}));
+    pid = c.pid();
+  }  // orphan timeout 0: at once, as a direct child with PR_SET_PDEATHSIG
+  EXPECT_TRUE(wait_dead(pid, 2000));
+}
+
+TEST(Supervised, ALaterKgateTakesOverBySocket) {
+  auto o = supervised({"sleep", "30"}, std::chrono::milliseconds(500));
+  pid_t pid;
+  unsigned long long start;
+  int fd;
+  {
+    ChildProcess c = ChildProcess::launch(o);
+    pid = c.pid();
+    start = c.start_time();
+    fd = connect_supervisor(o.supervisor_name);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(read_line_from(fd, 2000), "pid " + std::to_string(pid) + " " + std::to_string(start));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_TRUE(alive(pid)) << "a connected kgate did not keep the kernel";
+  ASSERT_EQ(::write(fd, "signal 15 pid\n", 14), 14);
+  EXPECT_EQ(read_line_from(fd, 5000), "exit " + std::to_string(SIGTERM));  // a wait status
+  EXPECT_EQ(read_line_from(fd, 2000), "");  // then the supervisor is gone
+  ::close(fd);
+  EXPECT_TRUE(wait_dead(pid, 2000));
+  EXPECT_EQ(connect_supervisor(o.supervisor_name), -1);
+}
+
+TEST(Supervised, AKilledSupervisorTakesItsKernelAlong) {
+  ChildProcess c = ChildProcess::launch(supervised({"sleep", "30"}));
+  KillOnExit k{c};
+  const pid_t kernel = c.pid();
+  ::kill(parent_of(kernel), SIGKILL);
+  ASSERT_TRUE(c.wait_for_exit(5000));
+  EXPECT_NE(c.describe_exit().find("supervisor"), std::string::npos) << c.describe_exit();
+  EXPECT_TRUE(wait_dead(kernel, 2000));
 }
 
 // ---------------------------------------------------------------------------------------

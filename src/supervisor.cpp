@@ -1,0 +1,213 @@
+// kgate-supervise (see supervisor.hpp and DEV.md §4d).  One process per kernel, a single-threaded
+// poll() loop: the kernel's pidfd, signals (signalfd), the listening socket, the connected kgates.
+#include "kgate/supervisor.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <algorithm>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <fcntl.h>
+#include <stddef.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "kgate/connection.hpp"
+#include "kgate/process.hpp"
+
+extern char** environ;
+
+namespace kgate {
+
+std::string supervisor_socket_name(const std::string& kernel_id) {
+  return "kgate-supervise/" + std::to_string(::getuid()) + "/" + kernel_id;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void say(const char* fmt, const std::string& a, long long b = 0) {
+  std::fprintf(stderr, fmt, a.c_str(), b);  // lines of their own: kgate's log has the context
+  std::fflush(stderr);
+}
+
+bool write_line(int fd, const std::string& line) {
+  std::string msg = line + "\n";
+  const char* p = msg.data();
+  std::size_t left = msg.size();
+  while (left > 0) {
+    const ssize_t n = ::send(fd, p, left, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+struct Client {
+  int fd;
+  std::string in;
+};
+
+}  // namespace
+
+int supervise(const SuperviseOptions& o) {
+  ::setsid();  // a session of its own: a terminal's ^C to kgate never reaches it
+  ::signal(SIGPIPE, SIG_IGN);
+  if (::chdir("/") != 0) {
+  }
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGCHLD}) sigaddset(&mask, sig);
+  ::sigprocmask(SIG_BLOCK, &mask, nullptr);
+  const int sfd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  std::vector<Client> clients;
+  if (o.control_fd >= 0) {
+    ::fcntl(o.control_fd, F_SETFD, FD_CLOEXEC);
+    clients.push_back({o.control_fd, {}});
+  }
+  auto fail = [&](int stage, int err) {
+    for (auto& c : clients) write_line(c.fd, "error " + std::to_string(stage) + " " + std::to_string(err));
+    return 1;
+  };
+
+  // The socket a later kgate connects to: abstract (no file to leave behind, no path length
+  // limit), so every peer is checked to be this user.
+  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (o.name.size() + 1 > sizeof addr.sun_path) return fail(0, ENAMETOOLONG);
+  std::memcpy(addr.sun_path + 1, o.name.data(), o.name.size());
+  const auto alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + o.name.size());
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), alen) != 0 || ::listen(lfd, 8) != 0)
+    return fail(0, errno);
+
+  LaunchOptions lo;
+  lo.argv = o.argv;
+  lo.env = current_environment();
+  lo.env["JPY_PARENT_PID"] = std::to_string(::getpid());  // ipykernel's parent poller watches us
+  lo.cwd = o.cwd;
+  lo.die_with_parent = true;  // a killed supervisor takes its kernel along: none runs unwatched
+  ChildProcess kernel;
+  try {
+    kernel = ChildProcess::launch(lo);
+  } catch (const LaunchError& e) {
+    return fail(e.stage, e.code().value());
+  } catch (const std::system_error& e) {
+    return fail(0, e.code().value());
+  }
+  const unsigned long long start = process_start_time(kernel.pid());
+  const std::string hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(start);
+  for (auto& c : clients) write_line(c.fd, hello);
+
+  // No kgate connected since orphan_since (when orphaned); SIGKILL at kill_at (when killing).
+  bool orphaned = clients.empty(), killing = false, terminating = false;
+  Clock::time_point orphan_since = Clock::now(), kill_at{};
+  auto terminate = [&](const char* why) {
+    if (terminating) return;
+    terminating = true;
+    say("kgate-supervise: %s: stopping kernel pid %lld\n", why, kernel.pid());
+    kernel.signal_group(SIGTERM);
+    kill_at = Clock::now() + o.terminate_grace;
+    killing = true;
+  };
+
+  for (;;) {
+    if (kernel.try_reap()) break;
+    auto now = Clock::now();
+    if (killing && now >= kill_at) {
+      kernel.signal_group(SIGKILL);
+      killing = false;
+    }
+    if (orphaned && !terminating && now - orphan_since >= o.orphan_timeout)
+      terminate(o.orphan_timeout.count() == 0 ? "its kgate is gone" : "no kgate came back within the orphan timeout");
+    long timeout = -1;
+    auto until = [&](Clock::time_point t) {
+      long ms = static_cast<long>(std::chrono::ceil<std::chrono::milliseconds>(t - now).count());
+      ms = ms < 0 ? 0 : ms;
+      timeout = timeout < 0 ? ms : std::min(timeout, ms);
+    };
+    if (killing) until(kill_at);
+    if (orphaned && !terminating) until(orphan_since + o.orphan_timeout);
+    if (kernel.exit_fd() < 0) until(now + std::chrono::milliseconds(100));
+
+    std::vector<pollfd> fds;
+    fds.push_back({kernel.exit_fd(), POLLIN, 0});
+    fds.push_back({sfd, POLLIN, 0});
+    fds.push_back({lfd, POLLIN, 0});
+    for (auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
+    const int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(timeout, 1 << 30)));
+    if (r < 0 && errno != EINTR) break;
+    if (r <= 0) continue;
+    if (fds[1].revents) {
+      signalfd_siginfo si;
+      while (::read(sfd, &si, sizeof si) == sizeof si) {
+        if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT || si.ssi_signo == SIGHUP)
+          terminate("asked to stop (a signal)");
+      }
+    }
+    if (fds[2].revents) {
+      for (;;) {
+        const int cfd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (cfd < 0) break;
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(cfd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
+          ::close(cfd);
+          continue;
+        }
+        write_line(cfd, hello);
+        clients.push_back({cfd, {}});
+        orphaned = false;
+      }
+    }
+    std::vector<Client> keep;
+    for (std::size_t i = 0; i < clients.size(); ++i) {
+      Client& c = clients[i];
+      bool gone = false;
+      if (fds[3 + i].revents) {
+        char buf[256];
+        const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) gone = true;
+        if (n > 0) c.in.append(buf, static_cast<std::size_t>(n));
+        if (c.in.size() > 1024) gone = true;  // lines are short: this peer is not a kgate
+        for (auto nl = c.in.find('\n'); !gone && nl != std::string::npos; nl = c.in.find('\n')) {
+          std::string line = c.in.substr(0, nl);
+          c.in.erase(0, nl + 1);
+          int sig = 0;
+          char scope[8] = {0};
+          if (std::sscanf(line.c_str(), "signal %d %7s", &sig, scope) == 2 && sig > 0 && sig < 65) {
+            if (std::strcmp(scope, "group") == 0) kernel.signal_group(sig);
+            else kernel.signal(sig);
+          }
+        }
+      }
+      if (gone) ::close(c.fd);
+      else keep.push_back(std::move(c));
+    }
+    clients.swap(keep);
+    if (clients.empty() && !orphaned) {
+      orphaned = true;
+      orphan_since = Clock::now();
+    }
+  }
+  ::close(lfd);  // first: once a kgate reads the exit, nobody can connect any more
+  const std::string bye = "exit " + std::to_string(kernel.status());
+  for (auto& c : clients) {
+    write_line(c.fd, bye);
+    ::close(c.fd);
+  }
+  return 0;
+}
+
+}  // namespace kgate

@@ -1,0 +1,163 @@
+"""Kernels outlive kgate (issue 18; DEV.md §4d supervisors, §4e the kernel table and
+re-adoption): a kgate killed with -9 leaves its kernels running under their supervisors; the
+next kgate on the same state directory re-adopts them with their ids, ports, key, connection
+files and state; kernels nobody comes back for end after orphan_timeout_seconds; a bad table
+file is reported and set aside."""
+
+import json
+import os
+import signal
+import time
+
+from conftest import Kgate, cmdline_of, pid_alive, supervisors_of, wait_until
+from records_util import attach_client, kc_run
+
+
+def table_dir(kg):
+    return kg.root / "state" / "kgate" / "kernels"
+
+
+def kernel_ids(kg):
+    status, _, body = kg.rest("GET", "/api/kernels")
+    assert status == 200, body
+    return {m["id"]: m for m in body}
+
+
+def kernel_pid_anywhere(kg, kid, timeout=10):
+    """An adopted kernel is no descendant of the kgate that adopted it (its supervisor was
+    reparented when the old kgate died): find it by the connection file in its argv."""
+    names = (f"kernel-{kid}.json", f"pool-{kid}.json")
+
+    def find():
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                argv = cmdline_of(int(d))
+                if argv and os.path.basename(argv[0]) != "kgate-supervise" and \
+                        any(n in a for a in argv for n in names):
+                    return int(d)
+        return None
+    pid = wait_until(find, timeout)
+    assert pid, f"no process has {names[0]} in its argv"
+    return pid
+
+
+def kill_9(kg):
+    os.kill(kg.proc.pid, signal.SIGKILL)
+    kg.proc.wait(10)
+
+
+def test_a_killed_kgates_kernels_are_readopted_by_the_next(kgate_factory, kgate_bin):
+    kg = kgate_factory()
+    a = kg.start_kernel()["id"]
+    b = kg.start_kernel()["id"]
+    with kg.connect(a) as ws:
+        assert ws.run("x = 41\nprint('set')") == "set\n"
+    files = {k: kg.connection_file(k).read_text() for k in (a, b)}
+    pids = {k: kg.kernel_pid(k) for k in (a, b)}
+    assert wait_until(lambda: len(list(table_dir(kg).glob("*.json"))) >= 3, 30), \
+        f"no table entries (2 kernels + the pool's): {sorted(os.listdir(table_dir(kg)))}"
+    entry = json.loads((table_dir(kg) / f"{a}.json").read_text())
+    assert entry["version"] == 1 and entry["pid"] == pids[a] and entry["pooled"] is False, entry
+    assert oct(os.stat(table_dir(kg) / f"{a}.json").st_mode & 0o777) == "0o600"
+    pool_entries = [json.loads(p.read_text()) for p in table_dir(kg).glob("*.json")]
+    pooled = [e["pid"] for e in pool_entries if e["pooled"]]
+    kc = attach_client(kg, a)  # a client attached by connection file, across the restart
+    try:
+        kill_9(kg)
+        time.sleep(1.0)
+        assert all(pid_alive(p) for p in pids.values()), "a kernel died with kgate"
+
+        kg2 = Kgate(kgate_bin, kg.root).start()
+        try:
+            assert wait_until(lambda: {a, b} <= set(kernel_ids(kg2)) and
+                              all(kernel_ids(kg2)[k]["execution_state"] == "idle" for k in (a, b)), 30), \
+                f"{kernel_ids(kg2)}\n{kg2.log_tail(30)}"
+            assert any("re-adopting it from an earlier kgate" in line for line in kg2.log_lines), kg2.log_tail(30)
+            for k in (a, b):
+                assert kg2.connection_file(k).read_text() == files[k], "the connection file changed"
+                assert kernel_pid_anywhere(kg2, k) == pids[k]
+            with kg2.connect(a) as ws:
+                assert ws.run("print(x + 1)") == "42\n", "the kernel's state was lost"
+            content, out = kc_run(kc, "print('still attached', x)")
+            assert content["status"] == "ok" and out == "still attached 41\n", (content, out)
+            # The old pool's kernel is not kept: a fresh pool starts.
+            assert wait_until(lambda: not any(pid_alive(p) for p in pooled), 15), pooled
+            # Deleting an adopted kernel ends its process and its table entry.
+            kg2.delete_kernel(b)
+            assert wait_until(lambda: not pid_alive(pids[b]), 10)
+            assert not (table_dir(kg2) / f"{b}.json").exists()
+            # Interrupt and restart work through the supervisor the old kgate started.
+            with kg2.connect(a) as ws:
+                pending = ws.execute_async("import time\ntime.sleep(30)", stop_on_error=False)
+                time.sleep(1.0)
+                status, _, _ = kg2.rest("POST", f"/api/kernels/{a}/interrupt")
+                assert status == 204
+                r = ws.collect(pending, timeout=15)
+                assert r.status == "error" and "KeyboardInterrupt" in str(r.reply), r
+            status, _, body = kg2.rest("POST", f"/api/kernels/{a}/restart")
+            assert status == 200, body
+            new_pid = kg2.kernel_pid(a)  # restarted: now under a supervisor of kg2's
+            assert new_pid != pids[a] and not pid_alive(pids[a])
+            assert json.loads((table_dir(kg2) / f"{a}.json").read_text())["pid"] == new_pid
+        finally:
+            kg2.cleanup_kernels()
+            kg2.stop()
+        assert not supervisors_of(kg.root), "supervisors outlived the kgate that stopped their kernels"
+    finally:
+        kc.stop_channels()
+
+
+def test_kernels_nobody_comes_back_for_end_after_the_orphan_timeout(kgate_factory, kgate_bin, tmp_path):
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("[kernel]\norphan_timeout_seconds = 2\nterminate_grace_ms = 500\n[pool]\nsize = 0\n")
+    kg = kgate_factory(config=cfg)
+    kid = kg.start_kernel()["id"]
+    pid = kg.kernel_pid(kid)
+    conn = kg.connection_file(kid)
+    kill_9(kg)
+    time.sleep(0.5)
+    assert pid_alive(pid), "the kernel did not wait for the orphan timeout"
+    assert wait_until(lambda: not pid_alive(pid), 10), "the kernel outlived its orphan timeout"
+    assert wait_until(lambda: not supervisors_of(kg.root), 5)
+    kg2 = Kgate(kgate_bin, kg.root).start()
+    try:
+        assert kernel_ids(kg2) == {}
+        assert any(f"kernel {kid}: not re-adopted: it ended while no kgate was running" in line
+                   for line in kg2.log_lines), kg2.log_tail(30)
+        assert not (table_dir(kg2) / f"{kid}.json").exists()
+        assert not conn.exists(), "the ended kernel's connection file is still there"
+    finally:
+        kg2.stop()
+
+
+def test_orphan_timeout_zero_ends_kernels_with_their_kgate(kgate_factory, tmp_path):
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("[kernel]\norphan_timeout_seconds = 0\n")
+    kg = kgate_factory(config=cfg)
+    kid = kg.start_kernel()["id"]
+    pid = kg.kernel_pid(kid)
+    kill_9(kg)
+    assert wait_until(lambda: not pid_alive(pid), 5), "orphan_timeout_seconds = 0 left the kernel running"
+
+
+def test_a_bad_table_file_is_reported_and_set_aside(kgate_factory, kgate_bin):
+    kg = kgate_factory()
+    root = kg.root
+    kg.stop()
+    d = table_dir(kg)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "torn.json").write_text('{"format": "kgate-kernel", "vers')
+    newer = {"format": "kgate-kernel", "version": 99, "id": "newer"}
+    (d / "newer.json").write_text(json.dumps(newer))
+    kg2 = Kgate(kgate_bin, root).start()
+    try:
+        problems = [line for line in kg2.log_lines if "kernel table:" in line]
+        assert any("torn.json" in p and "set aside" in p for p in problems), kg2.log_tail(30)
+        assert any("newer.json" in p and "version 99" in p for p in problems), kg2.log_tail(30)
+        assert (d / "torn.json.bad").exists() and not (d / "torn.json").exists()
+        assert (d / "newer.json.bad").exists()
+        assert kernel_ids(kg2) == {}
+        kid = kg2.start_kernel()["id"]  # and it works
+        kg2.delete_kernel(kid)
+    finally:
+        kg2.stop()
