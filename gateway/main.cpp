@@ -13,6 +13,7 @@
 #include "cli_kernelspec_install.hpp"
 #include "cli_kernelspecs.hpp"
 #include "cli_remote.hpp"
+#include "cli_stop.hpp"
 #include "config.hpp"
 #include "kgate/version.hpp"
 #include "proxy_kernel.hpp"
@@ -61,6 +62,17 @@ int main(int argc, char** argv) {
                       "A gateways.toml name or a URL: http://, https:// or unix:///path (default $KGATE_URL, else http://127.0.0.1:8787; "
                       "token from gateways.toml or $KGATE_TOKEN)");
   kernels->add_flag("--json", kernels_json, "Print one JSON object instead of the table");
+
+  auto* stop = app.add_subcommand("stop", "Stop the kgate serving a state directory; its kernels keep running "
+                                           "for the next kgate unless --kernels");
+  kgate::gw::StopOptions stop_opts;
+  std::string stop_state_dir, stop_config;
+  bool stop_kernels = false;
+  int stop_timeout = 30;
+  stop->add_option("--state-dir", stop_state_dir, "The kgate's state directory (default: as serve finds it)");
+  stop->add_option("--config", stop_config, "kgate.toml to read state_dir from (default as serve)");
+  stop->add_flag("--kernels", stop_kernels, "Stop its kernels too (else they wait for the next kgate)");
+  stop->add_option("--timeout", stop_timeout, "Seconds to wait for it to exit (default 30)")->check(CLI::Range(1, 3600));
 
   auto* kernelspecs = app.add_subcommand("kernelspecs", "Find the kernelspecs this machine offers, as serve would");
   bool kernelspecs_json = false;
@@ -135,6 +147,13 @@ int main(int argc, char** argv) {
   if (*uninstall) return kgate::gw::uninstall_service(service, std::cout, std::cerr);
   if (!*serve) {  // the one-shot commands: stdout is theirs, only warnings go to stderr
     spdlog::set_level(spdlog::level::warn);
+    if (*stop) {
+      stop_opts.state_dir = stop_state_dir;
+      stop_opts.config = stop_config;
+      stop_opts.kernels = stop_kernels;
+      stop_opts.timeout = std::chrono::seconds(stop_timeout);
+      return kgate::gw::stop_gateway(stop_opts, std::cout, std::cerr);
+    }
     if (*kernels) return kgate::gw::print_remote_kernels(kgate::client::load_config(), kernels_host, kernels_json);
     return kgate::gw::print_kernelspecs(kernelspecs_json);
   }

@@ -134,6 +134,10 @@ void Server::stop() {
 void Server::on_signal(beast::error_code ec, int sig) {
   if (ec || stopping_) return;
   stopping_ = true;
+  const std::size_t pooled = pool_->stop();  // no refill from here on
+  // SIGTERM (systemctl stop/restart, kill, `kgate stop`): the kernels stay for the next kgate.
+  // SIGINT (^C, `kgate stop --kernels`) and stop(): they stop with kgate (DEV.md §4e).
+  const std::size_t left = sig == SIGTERM ? manager_->detach_all() : 0;
   const std::size_t kernels = manager_->count();
   notify_stopping(kernels);
   beast::error_code ignored;
@@ -141,7 +145,10 @@ void Server::on_signal(beast::error_code ec, int sig) {
   unix_.close();  // and its file
   sweep_timer_.cancel();
   cull_timer_.cancel();
-  const std::size_t pooled = pool_->stop();
+  if (left > 0)
+    spdlog::info("{}: left {} kernel(s) running for the next kgate on {} (each stops itself after {} s without one)",
+                 strsignal(sig), left, opts_.state_dir.string(),
+                 std::chrono::duration_cast<std::chrono::seconds>(opts_.kernel.orphan_timeout).count());
   spdlog::info("{}: shutting down {} kernel(s) and {} warm-pool kernel(s)", sig ? strsignal(sig) : "stop", kernels,
                pooled);
   hup_.cancel();

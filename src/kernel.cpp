@@ -1323,6 +1323,34 @@ void KernelManager::Impl::attach(KernelIo& k) {
   send_kernel_info(k);
 }
 
+std::size_t KernelManager::detach_all() {
+  std::promise<std::size_t> done;
+  auto fut = done.get_future();
+  impl_->post([this, &done] {
+    Impl& m = *impl_;
+    std::size_t n = 0;
+    for (auto it = m.io.begin(); it != m.io.end();) {
+      KernelIo& k = *it->second;
+      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout) {
+        ++it;
+        continue;
+      }
+      const std::string id = k.kernel->id();
+      m.close_sockets(k);
+      m.fail_pending(k, "KernelShutdown", "kgate is stopping; the kernel goes on, for the next kgate");
+      {
+        std::lock_guard lk(m.kmu);
+        m.kernels.erase(id);
+      }
+      spdlog::info("kernel {}: left running for the next kgate (pid {})", id, k.proc.pid());
+      it = m.io.erase(it);  // its ChildProcess closes the supervisor's socket: the orphan timeout starts
+      ++n;
+    }
+    done.set_value(n);
+  });
+  return fut.get();
+}
+
 std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entries) {
   std::promise<std::vector<std::string>> done;
   auto fut = done.get_future();

@@ -263,6 +263,13 @@ class KernelManager {
   // Stops every kernel concurrently and waits (bounded by the shutdown graces).
   void shutdown_all();
 
+  // kgate stops, its kernels stay (SIGTERM, DEV.md §4e): every ready, supervised kernel that
+  // is not pooled is let go: its sockets close, its pending requests get an error reply, its
+  // supervisor starts the orphan timeout, and its table entry and files stay for the next kgate.
+  // The others (pooled, starting, restarting, direct children) are left for shutdown_all().
+  // Returns how many were let go.
+  std::size_t detach_all();
+
   // Re-adopts kernels that outlived an earlier kgate (DEV.md §4e), from its kernel table: each
   // one's supervisor is reached and must still hold the same process (pid and start time); the
   // kernel is then listed at once (`starting`) with its id, spec, ports, key and connection

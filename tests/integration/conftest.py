@@ -681,25 +681,26 @@ class Kgate:
             lines = self.log_lines[-n:]
         return "kgate log (last %d lines):\n%s" % (len(lines), "\n".join(lines))
 
-    def stop(self, timeout=SHUTDOWN_TIMEOUT):
-        """SIGTERM and wait; returns the exit code. Raises AssertionError (after SIGKILL)
-        if the daemon does not exit within timeout.  Kernels that outlive it (a kgate killed
-        with -9 leaves them for orphan_timeout_seconds, to be re-adopted) are stopped too,
-        unless another live kgate of this root may hold them."""
+    def stop(self, timeout=SHUTDOWN_TIMEOUT, sig=signal.SIGTERM, sweep=True):
+        """Signal (SIGTERM: the kernels stay for the next kgate; SIGINT: they stop too) and
+        wait; returns the exit code. Raises AssertionError (after SIGKILL) if the daemon does not
+        exit within timeout.  With `sweep`, kernels that outlive it (SIGTERM, or kill -9: they
+        wait orphan_timeout_seconds to be re-adopted) are then stopped through their
+        supervisors, unless another live kgate of this root may hold them."""
         if self in _LIVE_DAEMONS:
             _LIVE_DAEMONS.remove(self)
         try:
-            return self._stop(timeout)
+            return self._stop(timeout, sig)
         finally:
-            if not any(d.root == self.root and d.proc is not None and d.proc.poll() is None
-                       for d in _LIVE_DAEMONS):
+            if sweep and not any(d.root == self.root and d.proc is not None and d.proc.poll() is None
+                                 for d in _LIVE_DAEMONS):
                 sweep_supervisors(self.root)
 
-    def _stop(self, timeout):
+    def _stop(self, timeout, sig):
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
         kids = self.children()
-        self.proc.send_signal(signal.SIGTERM)
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

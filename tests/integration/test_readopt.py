@@ -161,3 +161,52 @@ def test_a_bad_table_file_is_reported_and_set_aside(kgate_factory, kgate_bin):
         kg2.delete_kernel(kid)
     finally:
         kg2.stop()
+
+
+def kgate_stop(kgate_bin, kg, *args, state_dir=None):
+    import subprocess
+    state_dir = state_dir or kg.root / "state" / "kgate"
+    return subprocess.run([kgate_bin, "stop", "--state-dir", str(state_dir), *args],
+                          env=kg.env, capture_output=True, text=True, timeout=60)
+
+
+def test_sigterm_leaves_kernels_for_the_next_kgate_and_stop_kernels_ends_them(kgate_factory, kgate_bin):
+    kg = kgate_factory()
+    a = kg.start_kernel()["id"]
+    with kg.connect(a) as ws:
+        assert ws.run("x = 5\nprint('set')") == "set\n"
+    pid = kg.kernel_pid(a)
+
+    def pooled_pids():
+        return [e["pid"] for e in (json.loads(p.read_text()) for p in table_dir(kg).glob("*.json")) if e["pooled"]]
+    assert wait_until(lambda: pooled_pids(), 30), "the warm pool never refilled"
+    pooled = pooled_pids()
+
+    r = kgate_stop(kgate_bin, kg)  # SIGTERM
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert f"kgate (pid {kg.proc.pid}) stopped; its kernels keep running" in r.stdout, r.stdout
+    assert kg.proc.wait(10) == 0
+    assert any("left 1 kernel(s) running for the next kgate" in line for line in kg.log_lines), kg.log_tail(20)
+    assert pid_alive(pid), "SIGTERM stopped a kernel"
+    assert wait_until(lambda: not any(pid_alive(p) for p in pooled), 10), "a warm-pool kernel outlived kgate"
+    assert [p.name for p in table_dir(kg).glob("*.json")] == [f"{a}.json"]
+    kg.stop(sweep=False)  # bookkeeping only: it has exited
+
+    kg2 = Kgate(kgate_bin, kg.root).start()
+    try:
+        assert wait_until(lambda: kernel_ids(kg2).get(a, {}).get("execution_state") == "idle", 30), kg2.log_tail(20)
+        with kg2.connect(a) as ws:
+            assert ws.run("print(x * 2)") == "10\n"
+        r = kgate_stop(kgate_bin, kg2, "--kernels")  # SIGINT: the kernels stop too
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "its kernels were stopped with it" in r.stdout, r.stdout
+        assert kg2.proc.wait(10) == 0
+        assert wait_until(lambda: not pid_alive(pid), 10), "kgate stop --kernels left the kernel running"
+        assert list(table_dir(kg2).glob("*.json")) == []
+        assert not supervisors_of(kg.root)
+    finally:
+        kg2.stop()
+    r = kgate_stop(kgate_bin, kg2)
+    assert r.returncode == 1 and "no kgate is running on state directory" in r.stderr, (r.stdout, r.stderr)
+    r = kgate_stop(kgate_bin, kg2, state_dir=kg.root / "nowhere")
+    assert r.returncode == 1 and "no kgate has run on state directory" in r.stderr, (r.stdout, r.stderr)
