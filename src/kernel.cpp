@@ -432,6 +432,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
     for (int p : ports) reserved_ports.insert(p);
   }
   write_connection_file(k.file, k.conn);
+  write_owner_file(runtime_dir, k.kernel->id());  // a later kgate can tell whose files these are
 
   const KernelSpec& spec = k.kernel->spec();
   LaunchOptions lo;
@@ -1370,17 +1371,20 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         continue;
       }
       auto hello = ChildProcess::connect_supervisor(e.supervisor, 2000);
+      std::string dead;  // why the kernel is gone: it is listed dead, never re-adopted
       if (hello.fd < 0) {
-        forget("it ended while no kgate was running (" + hello.why + ")");
-        continue;
-      }
-      if (hello.pid != e.pid || hello.start_time != e.pid_start) {
+        dead = "the kernel ended while no kgate was running (" + hello.why + ")";
+      } else if (hello.pid != e.pid || hello.start_time != e.pid_start) {
         ::close(hello.fd);
-        forget("its supervisor now holds another process (pid " + std::to_string(hello.pid) + ", not " +
-               std::to_string(e.pid) + ")");
+        hello.fd = -1;
+        dead = "the kernel is gone: its supervisor holds another process (pid " + std::to_string(hello.pid) +
+               ", not " + std::to_string(e.pid) + ")";
+      }
+      if (!dead.empty() && e.pooled) {
+        forget("a warm-pool kernel that ended while no kgate was running");
         continue;
       }
-      ChildProcess proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time);
+      ChildProcess proc = dead.empty() ? ChildProcess::adopt(hello.fd, hello.pid, hello.start_time) : ChildProcess{};
       if (e.pooled) {  // a warm kernel not handed out: not worth keeping, the pool starts fresh ones
         proc.signal_group(SIGTERM);
         forget("a warm-pool kernel; stopped");
@@ -1415,6 +1419,18 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         write_owner_file(m.runtime_dir, e.id);  // this kgate owns its files now
       } catch (const std::exception& ex) {
         spdlog::warn("kernel {}: {}", e.id, ex.what());
+      }
+      if (!dead.empty()) {
+        // Listed dead until DELETE (or restarted in place), as a kernel that died under this
+        // kgate would be; its table entry stays until then, so another restart reports it too.
+        ref.adopted = false;
+        ref.phase = Phase::dead;
+        kernel->set_state("dead", dead);
+        std::error_code ec;
+        std::filesystem::remove(ref.file, ec);
+        remove_owner_file(m.runtime_dir, e.id);  // launch() writes both again at a restart
+        log.push_back("kernel " + e.id + " (" + e.spec.name + ", pid " + std::to_string(e.pid) + "): listed dead: " + dead);
+        continue;
       }
       log.push_back("kernel " + e.id + " (" + e.spec.name + ", pid " + std::to_string(e.pid) +
                     "): re-adopting it from an earlier kgate");

@@ -146,6 +146,7 @@ int supervise(const SuperviseOptions& o) {
     fds.push_back({sfd, POLLIN, 0});
     fds.push_back({lfd, POLLIN, 0});
     for (auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
+    const std::size_t polled = clients.size();  // those accepted below have no slot in fds yet
     const int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(timeout, 1 << 30)));
     if (r < 0 && errno != EINTR) break;
     if (r <= 0) continue;
@@ -175,7 +176,7 @@ int supervise(const SuperviseOptions& o) {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       Client& c = clients[i];
       bool gone = false;
-      if (fds[3 + i].revents) {
+      if (i < polled && fds[3 + i].revents) {
         char buf[256];
         const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) gone = true;

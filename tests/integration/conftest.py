@@ -606,7 +606,7 @@ def make_jupyter_env(root):
 class Kgate:
     LISTEN_PATTERN = LISTEN_RE
 
-    def __init__(self, binary, root, token=None, ip="127.0.0.1", extra_args=(), config=None):
+    def __init__(self, binary, root, token=None, ip="127.0.0.1", extra_args=(), config=None, port=0):
         self.binary = binary
         self.root = Path(root)
         self.token = token
@@ -614,7 +614,7 @@ class Kgate:
         self.env = make_jupyter_env(self.root)
         self.runtime_dir = self.root / "runtime"
         self.spec_dir = self.root / "share" / "kernels" / "python3"
-        self.args = [binary, "serve", "--ip", ip, "--port", "0"]
+        self.args = [binary, "serve", "--ip", ip, "--port", str(port)]
         if token is not None:
             self.args += ["--token", token]
         if config is not None:

@@ -11,6 +11,8 @@ import time
 
 from conftest import Kgate, cmdline_of, pid_alive, supervisors_of, wait_until
 from records_util import attach_client, kc_run
+from test_mcp_semantics import Agent
+from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
 
 def table_dir(kg):
@@ -121,11 +123,22 @@ def test_kernels_nobody_comes_back_for_end_after_the_orphan_timeout(kgate_factor
     assert wait_until(lambda: not supervisors_of(kg.root), 5)
     kg2 = Kgate(kgate_bin, kg.root).start()
     try:
-        assert kernel_ids(kg2) == {}
-        assert any(f"kernel {kid}: not re-adopted: it ended while no kgate was running" in line
-                   for line in kg2.log_lines), kg2.log_tail(30)
-        assert not (table_dir(kg2) / f"{kid}.json").exists()
+        # Reported dead, not dropped, and never re-adopted.
+        model = kernel_ids(kg2).get(kid)
+        assert model and model["execution_state"] == "dead", (model, kg2.log_tail(30))
+        status, _, ext = kg2.rest("GET", f"/api/kgate/kernels/{kid}")
+        assert status == 200 and "ended while no kgate was running" in ext["reason"], ext
+        assert any(f"kernel {kid} (python3, pid {pid}): listed dead" in line for line in kg2.log_lines), kg2.log_tail(30)
         assert not conn.exists(), "the ended kernel's connection file is still there"
+        assert (table_dir(kg2) / f"{kid}.json").exists(), "the dead kernel's entry went before its DELETE"
+        # A restart starts it afresh in place (same id, ports and file), under a new supervisor.
+        status, _, body = kg2.rest("POST", f"/api/kernels/{kid}/restart")
+        assert status == 200 and body["execution_state"] == "idle", body
+        assert conn.exists()
+        with kg2.connect(kid) as ws:
+            assert ws.run("print('again')") == "again\n"
+        kg2.delete_kernel(kid)
+        assert not (table_dir(kg2) / f"{kid}.json").exists()
     finally:
         kg2.stop()
 
@@ -210,3 +223,46 @@ def test_sigterm_leaves_kernels_for_the_next_kgate_and_stop_kernels_ends_them(kg
     assert r.returncode == 1 and "no kgate is running on state directory" in r.stderr, (r.stdout, r.stderr)
     r = kgate_stop(kgate_bin, kg2, state_dir=kg.root / "nowhere")
     assert r.returncode == 1 and "no kgate has run on state directory" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_kgate_mcp_carries_on_across_a_kgate_restart(mcp_bin, kgate_factory, kgate_bin, tmp_path):
+    """The agent's pointer survives: while kgate is down a call says the gateway does not answer;
+    once a kgate is back on the same port and state, the same kernel answers, with its state,
+    and no kernel is created."""
+    kg = kgate_factory()
+    a = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    try:
+        assert a.ok("execute", code="x = 41").endswith("(no output)")  # after the auto kernel's banner
+        before = set(kernel_ids(kg))
+        assert len(before) == 1, before
+        port = kg.port
+        kg.stop(sweep=False)  # SIGTERM: the kernel stays
+        down = a.error("execute", code="x")
+        assert "gateway" in down, down
+        kg2 = Kgate(kgate_bin, kg.root, port=port).start()
+        try:
+            assert a.ok("execute", code="x + 1") == "42"
+            assert set(kernel_ids(kg2)) == before, "kgate-mcp created another kernel"
+        finally:
+            kg2.stop()
+    finally:
+        a.kill()
+
+
+def test_a_kernel_killed_while_kgate_was_down_is_reported_dead(kgate_factory, kgate_bin):
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    pid = kg.kernel_pid(kid)
+    kill_9(kg)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(pid), 5)
+    assert wait_until(lambda: not any(str(kid) in " ".join(cmdline_of(p)) for p in supervisors_of(kg.root)), 5), \
+        "the supervisor outlived its kernel"
+    kg2 = Kgate(kgate_bin, kg.root).start()
+    try:
+        model = kernel_ids(kg2)[kid]
+        assert model["execution_state"] == "dead" and "ended while no kgate was running" in model["reason"], model
+        kg2.delete_kernel(kid)
+        assert kid not in kernel_ids(kg2)
+    finally:
+        kg2.stop()
