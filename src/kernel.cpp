@@ -1384,7 +1384,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         forget("a warm-pool kernel that ended while no kgate was running");
         continue;
       }
-      ChildProcess proc = dead.empty() ? ChildProcess::adopt(hello.fd, hello.pid, hello.start_time) : ChildProcess{};
+      ChildProcess proc = dead.empty() ? ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest)) : ChildProcess{};
       if (e.pooled) {  // a warm kernel not handed out: not worth keeping, the pool starts fresh ones
         proc.signal_group(SIGTERM);
         forget("a warm-pool kernel; stopped");

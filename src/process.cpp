@@ -134,6 +134,31 @@ bool raise_fd(int& fd) {
   return true;
 }
 
+// Reads from `fd` into `buf` until it holds a whole line, for up to `timeout_ms`, and moves that
+// line (without its newline) into `line`; what follows it stays in `buf`.  False on timeout, end
+// of file, or 4 KiB without a newline (a supervisor's lines are short).
+bool read_line(int fd, std::string& buf, std::string& line, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    if (auto nl = buf.find('\n'); nl != std::string::npos) {
+      line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return true;
+    }
+    if (buf.size() > 4096) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    char chunk[512];
+    const ssize_t n = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return false;
+    buf.append(chunk, static_cast<std::size_t>(n));
+  }
+}
+
 }  // namespace
 
 ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
@@ -310,25 +335,8 @@ ChildProcess ChildProcess::launch_supervised(const LaunchOptions& opts) {
   c.sup_fd_ = sv[0];
   c.sup_pid_ = std::exchange(sup.pid_, -1);
   // Its first line: the kernel's pid, or why it could not be started.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   std::string line;
-  for (;;) {
-    if (auto nl = c.sup_in_.find('\n'); nl != std::string::npos) {
-      line = c.sup_in_.substr(0, nl);
-      c.sup_in_.erase(0, nl + 1);
-      break;
-    }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{c.sup_fd_, POLLIN, 0};
-    const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    char buf[512];
-    const ssize_t n = ::recv(c.sup_fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) break;
-    c.sup_in_.append(buf, static_cast<std::size_t>(n));
-  }
+  read_line(c.sup_fd_, c.sup_in_, line, 10000);
   auto reap_supervisor = [&](bool kill_it) {
     if (kill_it) ::kill(c.sup_pid_, SIGKILL);
     int st = 0;
@@ -353,9 +361,10 @@ ChildProcess ChildProcess::launch_supervised(const LaunchOptions& opts) {
                               (line.empty() ? " did not report the kernel's pid within 10 s)" : " said: " + line + ")"));
 }
 
-ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_time) {
+ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_time, std::string rest) {
   ChildProcess c;
   c.sup_fd_ = fd;
+  c.sup_in_ = std::move(rest);  // what came after the pid line (an exit, if it was that quick)
   c.pid_ = pid;
   c.start_time_ = start_time;
   return c;
@@ -383,23 +392,14 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
     return h;
   }
   std::string line;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (line.empty() || line.back() != '\n') {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    const int r = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
-    if (r < 0 && errno == EINTR) continue;
-    char c;
-    if (r <= 0 || ::recv(fd, &c, 1, 0) != 1 || line.size() > 200) {
-      h.why = r == 0 ? "its supervisor did not answer" : "its supervisor closed the connection";
-      ::close(fd);
-      return h;
-    }
-    line += c;
+  if (!read_line(fd, h.rest, line, timeout_ms)) {
+    h.why = "its supervisor did not answer";
+    ::close(fd);
+    return h;
   }
   unsigned long long pid = 0, start = 0;
   if (std::sscanf(line.c_str(), "pid %llu %llu", &pid, &start) != 2 || pid == 0) {
-    h.why = "its supervisor said: " + line.substr(0, line.size() - 1);
+    h.why = "its supervisor said: " + line;
     ::close(fd);
     return h;
   }

@@ -56,8 +56,9 @@ class ChildProcess {
   static ChildProcess launch(const LaunchOptions& opts);
 
   // A kernel started by an earlier kgate, through a connection `fd` to its supervisor that
-  // already answered "pid <pid> <start_time>" (DEV.md §4e).  Takes `fd`.
-  static ChildProcess adopt(int fd, pid_t pid, unsigned long long start_time);
+  // already answered "pid <pid> <start_time>" (DEV.md §4e), `rest` being what it read after that
+  // line.  Takes `fd`.
+  static ChildProcess adopt(int fd, pid_t pid, unsigned long long start_time, std::string rest = {});
   // Connects to the supervisor named `name` (this uid's) and reads its "pid" line within
   // `timeout_ms`.  Returns the fd, pid and start time; fd -1 (errno-style reason in `why`) when
   // there is no such supervisor any more.
@@ -65,6 +66,7 @@ class ChildProcess {
     int fd = -1;
     pid_t pid = 0;
     unsigned long long start_time = 0;
+    std::string rest;  // read after the pid line: pass it to adopt()
     std::string why;
   };
   static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms);
