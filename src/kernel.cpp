@@ -1380,14 +1380,10 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         dead = "the kernel is gone: its supervisor holds another process (pid " + std::to_string(hello.pid) +
                ", not " + std::to_string(e.pid) + ")";
       }
-      if (!dead.empty() && e.pooled) {
-        forget("a warm-pool kernel that ended while no kgate was running");
-        continue;
-      }
       ChildProcess proc = dead.empty() ? ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest)) : ChildProcess{};
       if (e.pooled) {  // a warm kernel not handed out: not worth keeping, the pool starts fresh ones
-        proc.signal_group(SIGTERM);
-        forget("a warm-pool kernel; stopped");
+        proc.signal_group(SIGTERM);  // nothing if it is gone
+        forget(dead.empty() ? "a warm-pool kernel; stopped" : "a warm-pool kernel that ended while no kgate was running");
         continue;
       }
       auto kernel = std::make_shared<Kernel>(e.id, e.spec);
