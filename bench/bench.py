@@ -410,15 +410,25 @@ def run_client(env, cwd, args, want_timeout, watch=None):
 
 # ---------------------------------------------------------------- the run
 
-def main():
-    if len(sys.argv) > 1:
-        print(__doc__.strip())
-        return 0 if sys.argv[1] in ("-h", "--help") else 2
-
+def interrupt_on_stop_signals():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, so a bench run cleans up
+    (its `finally`) for them as for ^C."""
     def on_signal(signum, frame):
         raise KeyboardInterrupt("signal %d" % signum)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
+
+
+def print_usage(doc, arg):
+    """A bench script's answer to any argument: its docstring; exit status 0 for -h/--help, else 2."""
+    print(doc.strip())
+    return 0 if arg in ("-h", "--help") else 2
+
+
+def main():
+    if len(sys.argv) > 1:
+        return print_usage(__doc__, sys.argv[1])
+    interrupt_on_stop_signals()
 
     for f in (CLIENT, PY):
         if not os.path.exists(f):

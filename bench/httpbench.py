@@ -169,10 +169,7 @@ def main(argv=None):
         print("http: no kgate binary at %s" % bench.KGATE_BIN, file=sys.stderr)
         return 2
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    bench.interrupt_on_stop_signals()
     load.use_pdeathsig()
     bench.START_TIMEOUT = 60.0
     tmp = tempfile.mkdtemp(prefix="kgate-bench-http-")

@@ -734,10 +734,7 @@ def main(argv=None):
     if any(x not in ("kgate", "jupyter_server") for x in servers) or min(args.kernels, args.clients, args.cells) < 1:
         ap.error("bad --servers or a size below 1")
 
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    bench.interrupt_on_stop_signals()
     if "kgate" in servers and not os.access(bench.KGATE_BIN, os.X_OK):
         print("load: no kgate binary at %s" % bench.KGATE_BIN, file=sys.stderr)
         return 2

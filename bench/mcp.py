@@ -47,7 +47,6 @@ import os
 import platform
 import select
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -477,13 +476,8 @@ def _print_md(hdr, rows, right_from=1):
 
 def main():
     if len(sys.argv) > 1:
-        print(__doc__.strip())
-        return 0 if sys.argv[1] in ("-h", "--help") else 2
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+        return bench.print_usage(__doc__, sys.argv[1])
+    bench.interrupt_on_stop_signals()
 
     for f in (bench.CLIENT, bench.PY):
         if not os.path.exists(f):

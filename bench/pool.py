@@ -23,7 +23,6 @@ start on the same server.
 """
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -140,13 +139,8 @@ def fmt(x, unit=" ms"):
 
 def main():
     if len(sys.argv) > 1:
-        print(__doc__.strip())
-        return 0 if sys.argv[1] in ("-h", "--help") else 2
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+        return bench.print_usage(__doc__, sys.argv[1])
+    bench.interrupt_on_stop_signals()
     if not os.access(bench.KGATE_BIN, os.X_OK):
         print("pool: no kgate binary at %s" % bench.KGATE_BIN, file=sys.stderr)
         return 2

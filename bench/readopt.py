@@ -126,13 +126,8 @@ def readopt(server, ids, how):
 
 def main():
     if len(sys.argv) > 1:
-        print(__doc__.strip())
-        return 0 if sys.argv[1] in ("-h", "--help") else 2
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+        return bench.print_usage(__doc__, sys.argv[1])
+    bench.interrupt_on_stop_signals()
     sup = os.path.join(os.path.dirname(bench.KGATE_BIN), "kgate-supervise")
     if not os.access(bench.KGATE_BIN, os.X_OK) or not os.access(sup, os.X_OK):
         print("readopt: no kgate and kgate-supervise at %s" % os.path.dirname(bench.KGATE_BIN), file=sys.stderr)

@@ -39,7 +39,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -533,13 +532,8 @@ def print_memory(R):
 
 def main():
     if len(sys.argv) > 1:
-        print(__doc__.strip())
-        return 0 if sys.argv[1] in ("-h", "--help") else 2
-
-    def on_signal(signum, frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+        return bench.print_usage(__doc__, sys.argv[1])
+    bench.interrupt_on_stop_signals()
 
     bad = [p for p in PARTS if p not in ("overhead", "memory")]
     if bad or not PARTS:
