@@ -1411,11 +1411,6 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         std::lock_guard lk(m.kmu);
         m.kernels.emplace(e.id, kernel);
       }
-      try {
-        write_owner_file(m.runtime_dir, e.id);  // this kgate owns its files now
-      } catch (const std::exception& ex) {
-        spdlog::warn("kernel {}: {}", e.id, ex.what());
-      }
       if (!dead.empty()) {
         // Listed dead until DELETE (or restarted in place), as a kernel that died under this
         // kgate would be; its table entry stays until then, so another restart reports it too.
@@ -1427,6 +1422,11 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         remove_owner_file(m.runtime_dir, e.id);  // launch() writes both again at a restart
         log.push_back("kernel " + e.id + " (" + e.spec.name + ", pid " + std::to_string(e.pid) + "): listed dead: " + dead);
         continue;
+      }
+      try {
+        write_owner_file(m.runtime_dir, e.id);  // this kgate owns its files now
+      } catch (const std::exception& ex) {
+        spdlog::warn("kernel {}: {}", e.id, ex.what());
       }
       log.push_back("kernel " + e.id + " (" + e.spec.name + ", pid " + std::to_string(e.pid) +
                     "): re-adopting it from an earlier kgate");

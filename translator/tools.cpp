@@ -552,9 +552,9 @@ std::string Translator::foreign_note(const Target& t, std::vector<std::string>& 
   json d;
   // A finished record from execute or poll carries its kernel's digest (asked with "digest"):
   // no second request when it is the current kernel's.
-  if (auto it = rec.is_object() ? rec.find("digest") : rec.end();
-      rec.is_object() && it != rec.end() && it->is_object() && it->value("kernel", "") == t.cur.kernel) {
-    d = *it;
+  const json* embedded = rec.is_object() && rec.contains("digest") ? &rec["digest"] : nullptr;
+  if (embedded && embedded->is_object() && embedded->value("kernel", "") == t.cur.kernel) {
+    d = *embedded;
   } else {
     auto r = t.http->get("api/kgate/kernels/" + t.cur.kernel + "/digest?agent=" + agent_, 10s);
     if (r.status != 200) return "";
