@@ -161,6 +161,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "max_unseen_jobs") rl.max_unseen_jobs = std::size_t(r.integer(node, full, 1, big));
         else if (key == "claim_grace_seconds") rl.claim_grace = std::chrono::seconds(r.integer(node, full, 0, 86400));
         else if (key == "reply_grace_ms") rl.reply_grace = std::chrono::milliseconds(r.integer(node, full, 0, 600000));
+        else if (key == "persist") rl.persist = r.boolean(node, full);
+        else if (key == "sync_interval_ms") rl.sync_interval = std::chrono::milliseconds(r.integer(node, full, 10, 60000));
         else if (key == "max_waiters") opts.max_waiters = std::size_t(r.integer(node, full, 1, 1 << 20));
         else r.fail(full, "unknown key");
       } else if (section == "discovery") {

@@ -24,6 +24,9 @@ std::filesystem::path resolve_state_dir(const std::filesystem::path& configured)
 Server::Server(GatewayOptions opts)
     : opts_(std::move(opts)),
       state_(StateDir::open(resolve_state_dir(opts_.state_dir))),
+      records_(RecordLog::Options{opts_.records.enabled && opts_.records.persist ? state_.path() / "records"
+                                                                                  : std::filesystem::path{},
+                                  opts_.records.sync_interval}),
       hub_(ioc_, opts_),
       jobs_(opts_.records),
       waiters_(ioc_, opts_.max_waiters),
@@ -54,11 +57,16 @@ Server::Server(GatewayOptions opts)
   if (auto stale = remove_stale_connection_files(opts_.runtime_dir, keep); !stale.empty())
     spdlog::info("removed {} stale connection file{} of a kgate that is gone, in {}: {}", stale.size(),
                  stale.size() == 1 ? "" : "s", opts_.runtime_dir.string(), fmt::join(stale, ", "));
+  // Their records, read back before the kernels are listened to again (DEV.md §4e).
+  if (records_.enabled()) jobs_.persist_to(&records_);
+  for (const auto& line : jobs_.restore(records_.load(keep))) spdlog::info("{}", line);
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
   if (!table.entries.empty()) {
     for (const auto& line : manager_->adopt(std::move(table.entries))) spdlog::info("{}", line);
+    for (const auto& k : manager_->list())  // listed dead: it ended while no kgate was running
+      if (auto m = k->model(); m.execution_state == "dead") jobs_.lost_while_away(m.id, m.reason);
   }
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   pool_ = std::make_unique<WarmPool>(*this);
@@ -329,7 +337,9 @@ void Server::reload() {
                     n.records.budget_bytes != opts_.records.budget_bytes ||
                     n.records.max_unseen_jobs != opts_.records.max_unseen_jobs ||
                     n.records.claim_grace != opts_.records.claim_grace ||
-                    n.records.reply_grace != opts_.records.reply_grace,
+                    n.records.reply_grace != opts_.records.reply_grace ||
+                    n.records.persist != opts_.records.persist ||
+                    n.records.sync_interval != opts_.records.sync_interval,
                 "[records]");
   needs_restart(n.discovery.interpreters != opts_.discovery.interpreters ||
                     n.discovery.watch_interval != opts_.discovery.watch_interval ||

@@ -112,6 +112,7 @@ class Server {
   // Taken first, before anything else starts: a second kgate on the same state directory
   // stops here, before it touches the runtime dir or a kernel (DEV.md §4c).
   StateDir state_;
+  RecordLog records_;  // the job records on disk (<state>/records), fed by jobs_
   net::io_context ioc_{1};
   Hub hub_;  // after ioc_, before manager_: the manager's thread posts into both
   JobStore jobs_;  // before manager_: the I/O thread feeds it

@@ -244,6 +244,7 @@ struct KernelIo {
   ChildProcess proc;
   std::string sup_name;  // the supervisor's socket name (kernel table)
   bool adopted = false;  // re-adopted from an earlier kgate's table, not yet ready (adopt())
+  std::string history_probe;  // re-adopted: the history_request whose reply goes to observers
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -657,6 +658,13 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.kernel->touch();
   spdlog::info("kernel {}: {}", k.kernel->id(),
                k.adopted ? "re-adopted" : was_restart ? "ready after restart" : "ready");
+  if (k.adopted) {
+    // What ran while no kgate listened is in the kernel's history (this session's, in memory:
+    // IPython's get_range).  Sent before any held request, so it names only cells run before.
+    k.history_probe = send_internal(k, Channel::shell, "history_request",
+                                    json{{"output", true}, {"raw", true}, {"hist_access_type", "range"},
+                                         {"session", 0}, {"start", 1}, {"stop", nullptr}});
+  }
   k.adopted = false;
   save_entry(k);
   auto held = std::move(k.held);
@@ -884,6 +892,11 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
   }
   // shell / control replies
   if (k.internal.erase(m.parent_msg_id)) {
+    if (!k.history_probe.empty() && m.parent_msg_id == k.history_probe) {
+      k.history_probe.clear();
+      for (auto* o : observers) o->on_kernel_readopted(k.kernel, m.wire.content);
+      return;
+    }
     if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
       k.ready_reply = true;
       check_ready(k);

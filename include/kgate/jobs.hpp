@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kgate/kernel.hpp"
+#include "kgate/record_log.hpp"
 
 namespace kgate {
 
@@ -38,6 +39,10 @@ struct RecordLimits {
   std::chrono::milliseconds claim_grace{10000};  // a dropped agent connection stays alive this long
   std::chrono::milliseconds reply_grace{5000};   // execute_reply without its idle: ended after this
   std::size_t max_restart_marks = 1000;
+  // Records on disk, for a later kgate that re-adopts the kernels (DEV.md §4e): each change is
+  // written at once, and fdatasync'd within sync_interval.
+  bool persist = true;
+  std::chrono::milliseconds sync_interval{500};
 };
 
 // Text capped at a byte budget that keeps the tail (cut at a UTF-8 boundary).
@@ -55,6 +60,8 @@ class TailText {
   std::size_t held() const { return buf_.capacity(); }        // bytes in memory
   std::size_t total() const { return total_; }
   void release();  // drops the text (budget pressure); what was held counts as cut
+  // Text read back from the records on disk: `text` is the tail of `total` bytes.
+  void restore(std::string text, std::size_t total);
 
  private:
   std::size_t cap_ = 0;
@@ -85,6 +92,14 @@ struct Job {
   std::string reply_status;
   std::optional<std::chrono::steady_clock::time_point> reply_at;
   std::uint64_t generation = 0;
+  // Read back from the records on disk while it still ran: kgate was away for part of it.
+  bool gap = false;
+  // Its kernel's shell answered after the gap, so it has ended: ended end_not_recorded at this
+  // time unless its idle comes first (the idle and the shell's answer race across two sockets).
+  std::optional<std::chrono::steady_clock::time_point> gap_end_at;
+  // What of its output the records on disk hold (a running job is written again as it grows).
+  std::size_t logged_total = 0;
+  std::chrono::steady_clock::time_point logged_at{};
 
   std::string id() const { return "job-" + std::to_string(n); }
   bool running() const { return status == JobStatus::running; }
@@ -214,6 +229,20 @@ class JobStore final : public KernelObserver {
 
   std::size_t bytes() const;  // what the records hold (for the budget)
 
+  // Records on disk (DEV.md §4e).  `log` outlives the store; set before restore() and before any
+  // kernel message arrives.
+  void persist_to(RecordLog* log) { log_ = log; }
+  // Reads back the records an earlier kgate left for the kernels it is re-adopting (`loaded`,
+  // from RecordLog::load), and rewrites each log compacted.  Jobs that were running stay running
+  // with a note of the gap; numbering continues after the highest job number seen.  Returns
+  // lines for the log.
+  std::vector<std::string> restore(RecordLog::Loaded loaded);
+  // A re-adopted kernel turned out to be dead: its running jobs end kernel_lost with `reason`.
+  void lost_while_away(const std::string& kernel, const std::string& reason);
+  // KernelObserver: the kernel's history, asked for when it was re-adopted.  Cells it ran that
+  // the records do not hold ran while kgate was away: they are recorded as user jobs.
+  void on_kernel_readopted(const KernelPtr& kernel, const std::string& history_reply) override;
+
  private:
   struct Agent {
     std::string label;
@@ -228,6 +257,11 @@ class JobStore final : public KernelObserver {
     std::set<std::string> inflight;  // execute_requests from kgate's clients awaiting a reply
     std::size_t evicted_unseen = 0;
     std::uint64_t restarts = 0;
+    int last_count = 0;        // the highest execution_count heard since the last restart
+    bool restored = false;     // its records were read back from disk (re-adopted)
+    std::string away_from;     // restored: when kgate last wrote its records before the gap
+    std::string back_at;       // restored: when this kgate read them back
+    std::uint64_t log_base = 0;  // the log's size after its last compaction
   };
 
   Job* find_locked(const std::string& id);
@@ -245,6 +279,16 @@ class JobStore final : public KernelObserver {
   void add_bytes(std::size_t before, const Job& j);
   void enforce_locked();
   void changed_locked() { ++version_; changed_ = true; }
+  // Records on disk: a job (or a kernel's claim and counts) to be written at the next persist.
+  void dirty_locked(const Job& j) {
+    if (log_) dirty_.insert(j.n);
+  }
+  void dirty_kernel_locked(const std::string& kernel) {
+    if (log_) dirty_kernels_.insert(kernel);
+  }
+  void persist_locked();
+  std::string kernel_line_locked(const std::string& kernel, const PerKernel& pk) const;
+  void compact_locked(const std::string& kernel, PerKernel& pk);
   void notify();
 
   const RecordLimits limits_;
@@ -265,6 +309,10 @@ class JobStore final : public KernelObserver {
   std::size_t bytes_ = 0;
   std::size_t unseen_ = 0;  // finished-or-not foreign jobs not seen by an agent
   std::function<void()> on_change_;
+  RecordLog* log_ = nullptr;
+  std::set<std::uint64_t> dirty_;
+  std::set<std::string> dirty_kernels_;
+  std::vector<std::pair<std::string, std::string>> pending_lines_;  // kernel, line (restart marks)
 };
 
 // The kernel's records as an nbformat 4.5 notebook.

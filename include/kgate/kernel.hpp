@@ -74,6 +74,10 @@ class KernelObserver {
   // A client's message went to the kernel (after it was written to the socket).
   virtual void on_client_message(const KernelPtr&, const ClientMessage&) {}
   virtual void on_kernel_lifecycle(const KernelPtr&, KernelLifecycle, const std::string& /*reason*/) {}
+  // A kernel an earlier kgate left running was re-adopted, and its shell answered a history
+  // request (range, this session, with output): `history_reply` is the reply's content.  The
+  // shell answers only once the cell it ran at the re-adoption, if any, has ended.
+  virtual void on_kernel_readopted(const KernelPtr&, const std::string& /*history_reply*/) {}
 };
 
 struct KernelModel {

@@ -1,0 +1,89 @@
+// The job records on disk: one append-only log per kernel in <state dir>/records/, so that a later
+// kgate that re-adopts the kernel has its records too (DEV.md §4e).
+//
+// A log is lines of JSON: a header line ({"format": "kgate-records", "version": 1, "kernel": id})
+// and then the lines the job store appends (JobStore says what they hold).  Each append is one
+// write(2) at once, so a kill -9 of kgate loses nothing it had appended; a background thread
+// fdatasync()s the logs written to since its last pass, every sync_interval, so a power loss
+// loses at most that much.  A kill -9 in the middle of a write leaves a torn last line: load()
+// reports and drops it.  rewrite() replaces a log whole (temp file, fsync, rename): the store
+// compacts a log with it once it has grown well past what it describes.
+//
+// Thread safety: every member may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace kgate {
+
+class RecordLog {
+ public:
+  static constexpr int kVersion = 1;
+
+  struct Options {
+    std::filesystem::path dir;  // empty: a log that keeps nothing
+    std::chrono::milliseconds sync_interval{500};
+  };
+  explicit RecordLog(Options opts);
+  ~RecordLog();  // syncs what was written, and stops the sync thread
+  RecordLog(const RecordLog&) = delete;
+  RecordLog& operator=(const RecordLog&) = delete;
+
+  bool enabled() const { return !opts_.dir.empty(); }
+  const std::filesystem::path& dir() const { return opts_.dir; }
+
+  // Appends `line` (one line of JSON, no newline) to `kernel`'s log, creating it with its header.
+  // A failure is logged once per kernel (the records in memory are unaffected) and false returned.
+  bool append(const std::string& kernel, std::string_view line);
+  // Replaces `kernel`'s log with `lines` (each one line, no newline) atomically.
+  bool rewrite(const std::string& kernel, const std::vector<std::string>& lines);
+  // Removes `kernel`'s log.
+  void remove(const std::string& kernel);
+  // Bytes in `kernel`'s log (as this process wrote or found it).
+  std::uint64_t size(const std::string& kernel) const;
+
+  // The highest job number handed out, kept in <dir>/counter so that job numbers continue even
+  // when the logs that held the last ones are gone.
+  void save_counter(std::uint64_t counter);
+
+  struct Loaded {
+    std::map<std::string, std::vector<std::string>> logs;  // kernel id -> its lines, header dropped
+    std::vector<std::string> problems;  // one sentence per log (or line) set aside
+    std::uint64_t counter = 0;
+  };
+  // Reads every log.  A log with no valid header, or of a newer version, is set aside as
+  // <id>.log.bad and reported; a torn last line is dropped and reported.  Logs of kernels not in
+  // `keep` are removed (their kernels are gone).
+  Loaded load(const std::set<std::string>& keep);
+
+  // fdatasync()s every log written to, now (the sync thread does it every sync_interval).
+  void sync();
+
+ private:
+  struct File;
+  std::filesystem::path path_of(const std::string& kernel) const;
+  std::shared_ptr<File> open_locked(const std::string& kernel);
+  void run();
+
+  const Options opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool dir_ready_ = false;
+  std::map<std::string, std::shared_ptr<File>> files_;
+  std::set<std::string> failed_;  // kernels whose write failure was logged
+  std::thread thread_;
+};
+
+}  // namespace kgate
