@@ -21,6 +21,9 @@ Environment:
   KGATE_BIN       kgate binary (default <repo>/build/gateway/kgate; copied into the temp dir
                   first, so both servers run the very same file even if the build changes)
   REC_PARTS       overhead,memory (default both)
+  REC_COMPARE     records: "on" is `enabled = true`, "off" `enabled = false` (default);
+                  persist: both record, "on" keeps the records on disk (`persist = true`, the
+                  default), "off" in memory only (`persist = false`): issue 18's cost of persistence
   REC_N           execute round trips per latency run (default 200; the client adds 20 warm-up runs)
   REC_MB          flood size, megabytes (default 20)
   REC_REPS        on/off repetitions (default 5)
@@ -56,6 +59,7 @@ import bench  # noqa: E402  (the side-by-side harness: Server, run_client, kill_
 _REPO = os.path.dirname(HERE)
 KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
 PARTS = [p.strip() for p in os.environ.get("REC_PARTS", "overhead,memory").split(",") if p.strip()]
+COMPARE = os.environ.get("REC_COMPARE", "records")
 N = int(os.environ.get("REC_N", "200"))
 MB = int(os.environ.get("REC_MB", "20"))
 REPS = max(1, int(os.environ.get("REC_REPS", "5")))
@@ -126,8 +130,35 @@ class Kgate(bench.Server):
         return self.cold_start_ms
 
 
-def records_config(enabled):
-    return ("# written by bench/records.py\n[records]\nenabled = %s\n" % ("true" if enabled else "false"))
+def records_config(on):
+    if COMPARE == "persist":
+        return "# written by bench/records.py\n[records]\nenabled = true\npersist = %s\n" % ("true" if on else "false")
+    return "# written by bench/records.py\n[records]\nenabled = %s\n" % ("true" if on else "false")
+
+
+def agent_latency(s, n):
+    """n agent executes of `1+1` (POST /api/kgate/kernels/{id}/execute, wait 30) on a fresh kernel,
+    one after another on one keep-alive connection, after 20 warm-up runs: median and p90 in µs."""
+    rest = Rest(s.url, s.token)
+    try:
+        status, k = rest.call("POST", "/api/kernels", {})
+        if status != 201:
+            raise StepError("%s: POST /api/kernels -> %s %r" % (s.label, status, k))
+        kid, times = k["id"], []
+        for i in range(20 + n):
+            t0 = time.perf_counter()
+            status, r = rest.call("POST", "/api/kgate/kernels/%s/execute" % kid,
+                                  {"code": "1+1", "agent": "bench", "wait": 30})
+            dt = time.perf_counter() - t0
+            if status != 200 or (r or {}).get("status") != "ok":
+                raise StepError("%s: agent execute -> %s %r" % (s.label, status, r))
+            if i >= 20:
+                times.append(dt * 1e6)
+        rest.call("DELETE", "/api/kernels/" + kid)
+        times.sort()
+        return {"median_us": statistics.median(times), "p90_us": times[int(0.9 * (len(times) - 1))], "n": n}
+    finally:
+        rest.close()
 
 
 # ---------------------------------------------------------------- part 1: overhead
@@ -158,7 +189,7 @@ def part_overhead(R, tmp, binary, live, errors):
         log("starting kgate (records %s)" % key)
         s.start()
         log("kgate records %s: %s, GET /api says records=%s" % (key, s.url, s.records_advertised))
-        if s.records_advertised is not on:
+        if s.records_advertised is not (on or COMPARE == "persist"):
             raise StepError("kgate with enabled = %s advertises records=%r in GET /api"
                             % (str(on).lower(), s.records_advertised))
         servers[key] = s
@@ -167,6 +198,9 @@ def part_overhead(R, tmp, binary, live, errors):
     def one_rep(key, rep):
         s = servers[key]
         r = {"rep": rep}
+        log("rep %d/%d records %s: agent execute N=%d" % (rep + 1, REPS, key, N))
+        if COMPARE == "persist":
+            r["agent"] = step("kgate %s agent latency rep %d" % (key, rep + 1), agent_latency, s, N)
         log("rep %d/%d records %s: latency N=%d" % (rep + 1, REPS, key, N))
         r["latency"] = step("kgate %s latency rep %d" % (key, rep + 1), bench.run_client, cl_env, tmp,
                             ["gateway", s.url, s.token, N], 120, s)
@@ -238,6 +272,8 @@ def overhead_rows(P):
     g = lambda r, k: (r or {}).get(k)
     cpu = lambda r: round(r["gateway_cpu_s"] * 1e3) if r and "gateway_cpu_s" in r else None
     specs = [  # metric, fmt, part, key, scale, direct value, peer value
+        ("agent execute `1+1` over REST, median (µs)", "int", "agent", "median_us", 1, None, None),
+        ("agent execute `1+1` over REST, p90 (µs)", "int", "agent", "p90_us", 1, None, None),
         ("execute round trip, median (µs)", "int", "latency", "median_us", 1, g(d.get("latency"), "median_us"), g(p.get("latency"), "median_us")),
         ("execute round trip, p90 (µs)", "int", "latency", "p90_us", 1, g(d.get("latency"), "p90_us"), g(p.get("latency"), "p90_us")),
         ("gateway CPU over one latency run (ms)", "int", "latency", "gateway_cpu_s", 1e3, None, cpu(p.get("latency"))),
@@ -285,8 +321,9 @@ def print_md(hdr, rows, right_from=1):
 def print_overhead(R):
     P = R["overhead"]
     rows = P["summary"]
-    print("\nrecording overhead  N=%d round trips, %d MB flood, %d reps on/off interleaved (ABBA), medians over reps; "
-          "%s cpus, %s" % (N, MB, REPS, R["meta"]["cpus"], R["meta"]["date"]))
+    print("\n%s  N=%d round trips, %d MB flood, %d reps on/off interleaved (ABBA), medians over reps; "
+          "%s cpus, %s" % ("persisting records (on: persist = true, off: persist = false; both record)"
+                        if COMPARE == "persist" else "recording overhead", N, MB, REPS, R["meta"]["cpus"], R["meta"]["date"]))
     hdr = ["metric", "direct (floor)", "jupyter_server (peer)", "kgate records off", "kgate records on",
            "on/off", "on/off per rep (min–max)", "on/direct", "on/peer"]
     out = []
@@ -535,6 +572,9 @@ def main():
         return bench.print_usage(__doc__, sys.argv[1])
     bench.interrupt_on_stop_signals()
 
+    if COMPARE not in ("records", "persist"):
+        print("records: REC_COMPARE must be records or persist, not %r" % COMPARE, file=sys.stderr)
+        return 2
     bad = [p for p in PARTS if p not in ("overhead", "memory")]
     if bad or not PARTS:
         print("records: REC_PARTS must name overhead and/or memory, not %r" % ",".join(bad), file=sys.stderr)

@@ -382,6 +382,7 @@ Job* JobStore::running_locked(const std::string& kernel) {
 
 void JobStore::finished_locked(Job& j) {
   running_.erase(j.n);
+  if (auto k = kernels_.find(j.kernel); k != kernels_.end()) k->second.last_ended = j.n;
   by_request_.erase(j.request);
   // Its execute_reply usually comes after its idle: keep the request a little longer.
   recent_.emplace_back(j.request, j.n);
@@ -708,8 +709,24 @@ void JobStore::enforce_locked() {
   };
   // Oldest evictable (finished, and seen or not foreign) first, while over the count or the
   // byte budget: O(log n) each, whatever sits unevictable in front.
-  while ((jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes) && !evictable_.empty())
-    erase(jobs_.find(*evictable_.begin()));
+  // Over the count alone, a kernel's last finished job stays: the request waiting on it reads it
+  // first (with the records full of unseen foreign jobs, the job just ended is the only
+  // evictable one).  So max_jobs may be passed by one job per kernel.  Over the byte budget
+  // nothing is spared.
+  for (auto ev = evictable_.begin();
+       (jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes) && ev != evictable_.end();) {
+    auto it = jobs_.find(*ev);
+    auto next = std::next(ev);
+    if (bytes_ <= limits_.budget_bytes) {
+      auto k = kernels_.find(it->second.kernel);
+      if (k != kernels_.end() && k->second.last_ended == it->first) {
+        ev = next;
+        continue;
+      }
+    }
+    erase(it);
+    ev = next;
+  }
   // What is left over the budget is unseen foreign jobs (and running ones): drop their text,
   // keep the record, so the agent is still told of them.
   for (auto it = jobs_.lower_bound(release_from_); it != jobs_.end() && bytes_ > limits_.budget_bytes; ++it) {

@@ -2,6 +2,7 @@
 #include "kgate/record_log.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
+#include "kgate/process.hpp"
 
 namespace kgate {
 
@@ -24,6 +26,9 @@ namespace {
 
 constexpr const char* kFormat = "kgate-records";
 constexpr const char* kSuffix = ".log";
+// How long the thread lets appends gather after the first one wakes it: what a kill -9 of kgate
+// can lose at most, beside what a power loss can (sync_interval).
+constexpr std::chrono::milliseconds kGather{2};
 
 std::string header_line(const std::string& kernel) {
   return json{{"format", kFormat}, {"version", RecordLog::kVersion}, {"kernel", kernel}}.dump();
@@ -49,17 +54,13 @@ bool write_all(int fd, std::string_view s) {
 
 }  // namespace
 
-struct RecordLog::File {
-  int fd = -1;
-  std::uint64_t size = 0;
-  bool dirty = false;  // written since the last fdatasync (guarded by RecordLog::mu_)
-  ~File() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 RecordLog::RecordLog(Options opts) : opts_(std::move(opts)) {
-  if (enabled()) thread_ = std::thread([this] { run(); });
+  if (enabled())
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "kgate-records");
+      block_async_signals_in_this_thread();  // SIGTERM and SIGHUP are the Asio thread's
+      run();
+    });
 }
 
 RecordLog::~RecordLog() {
@@ -68,54 +69,41 @@ RecordLog::~RecordLog() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-  sync();
+  if (thread_.joinable()) thread_.join();  // it applies and syncs the queue before it ends
+  for (auto& [_, f] : files_) ::close(f.fd);
 }
 
 fs::path RecordLog::path_of(const std::string& kernel) const { return opts_.dir / (kernel + kSuffix); }
 
-std::shared_ptr<RecordLog::File> RecordLog::open_locked(const std::string& kernel) {
-  if (auto it = files_.find(kernel); it != files_.end()) return it->second;
-  if (!dir_ready_) {
-    ensure_private_dir(opts_.dir);  // throws with the reason
-    dir_ready_ = true;
-  }
-  const fs::path path = path_of(kernel);
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
-  auto f = std::make_shared<File>();
-  f->fd = fd;
-  const off_t end = ::lseek(fd, 0, SEEK_END);
-  f->size = end > 0 ? static_cast<std::uint64_t>(end) : 0;
-  if (f->size == 0) {
-    std::string head = header_line(kernel) + "\n";
-    if (!write_all(fd, head)) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
-    f->size = head.size();
-  }
-  files_.emplace(kernel, f);
-  return f;
+void RecordLog::ensure_dir() {
+  if (dir_ready_) return;
+  ensure_private_dir(opts_.dir);  // throws with the reason
+  dir_ready_ = true;
 }
 
 bool RecordLog::append(const std::string& kernel, std::string_view line) {
   if (!enabled() || !usable_id(kernel)) return false;
-  std::lock_guard lk(mu_);
-  try {
-    auto f = open_locked(kernel);
-    std::string buf;
-    buf.reserve(line.size() + 1);
-    buf.append(line);
-    buf.push_back('\n');
-    if (!write_all(f->fd, buf))
-      throw std::runtime_error("cannot write " + path_of(kernel).string() + ": " + std::strerror(errno));
-    f->size += buf.size();
-    f->dirty = true;
-    return true;
-  } catch (const std::exception& e) {
-    if (failed_.insert(kernel).second)
-      spdlog::warn("kernel {}: its records are not kept on disk ({}); a later kgate will not have them", kernel,
-                   e.what());
-    return false;
+  bool wake;
+  {
+    std::lock_guard lk(mu_);
+    wake = queue_.empty();
+    if (!queue_.empty() && queue_.back().kind == Op::append && queue_.back().kernel == kernel) {
+      queue_.back().text.append(line);  // one write for a burst
+      queue_.back().text.push_back('\n');
+    } else {
+      std::string text;
+      text.reserve(line.size() + 1);
+      text.append(line);
+      text.push_back('\n');
+      queue_.push_back(Op{Op::append, kernel, std::move(text)});
+      ++queued_;
+    }
+    auto [it, fresh] = sizes_.try_emplace(kernel, 0);
+    if (fresh) it->second = header_line(kernel).size() + 1;
+    it->second += line.size() + 1;
   }
+  if (wake) cv_.notify_one();
+  return true;
 }
 
 bool RecordLog::rewrite(const std::string& kernel, const std::vector<std::string>& lines) {
@@ -125,48 +113,37 @@ bool RecordLog::rewrite(const std::string& kernel, const std::vector<std::string
     text += l;
     text += '\n';
   }
-  std::lock_guard lk(mu_);
-  try {
-    if (!dir_ready_) {
-      ensure_private_dir(opts_.dir);
-      dir_ready_ = true;
-    }
-    files_.erase(kernel);  // its fd names the old file
-    write_file_atomically(path_of(kernel), text);
-    return true;
-  } catch (const std::exception& e) {
-    if (failed_.insert(kernel).second)
-      spdlog::warn("kernel {}: its records are not kept on disk ({}); a later kgate will not have them", kernel,
-                   e.what());
-    return false;
+  {
+    std::lock_guard lk(mu_);
+    sizes_[kernel] = text.size();
+    queue_.push_back(Op{Op::rewrite, kernel, std::move(text)});
+    ++queued_;
   }
+  cv_.notify_one();
+  return true;
 }
 
 void RecordLog::remove(const std::string& kernel) {
   if (!enabled() || !usable_id(kernel)) return;
-  std::lock_guard lk(mu_);
-  files_.erase(kernel);
-  failed_.erase(kernel);
-  std::error_code ec;
-  fs::remove(path_of(kernel), ec);
+  {
+    std::lock_guard lk(mu_);
+    sizes_.erase(kernel);
+    queue_.push_back(Op{Op::remove, kernel, {}});
+    ++queued_;
+  }
+  cv_.notify_one();
 }
 
 std::uint64_t RecordLog::size(const std::string& kernel) const {
   std::lock_guard lk(mu_);
-  if (auto it = files_.find(kernel); it != files_.end()) return it->second->size;
-  std::error_code ec;
-  auto n = fs::file_size(path_of(kernel), ec);
-  return ec ? 0 : n;
+  auto it = sizes_.find(kernel);
+  return it == sizes_.end() ? 0 : it->second;
 }
 
 void RecordLog::save_counter(std::uint64_t counter) {
   if (!enabled()) return;
-  std::lock_guard lk(mu_);
   try {
-    if (!dir_ready_) {
-      ensure_private_dir(opts_.dir);
-      dir_ready_ = true;
-    }
+    ensure_private_dir(opts_.dir);
     write_file_atomically(opts_.dir / "counter",
                           json{{"format", "kgate-records-counter"}, {"version", kVersion}, {"last_job", counter}}.dump() +
                               "\n");
@@ -174,6 +151,101 @@ void RecordLog::save_counter(std::uint64_t counter) {
     spdlog::warn("records: cannot save the job counter ({}); a later kgate may number jobs again from an "
                  "earlier one",
                  e.what());
+  }
+}
+
+void RecordLog::flush() {
+  if (!enabled()) return;
+  std::unique_lock lk(mu_);
+  const std::uint64_t target = queued_;
+  flush_wanted_ = true;
+  cv_.notify_one();
+  done_cv_.wait(lk, [&] { return applied_ >= target; });
+}
+
+void RecordLog::fail(const std::string& kernel, const std::string& why) {
+  if (failed_.insert(kernel).second)
+    spdlog::warn("kernel {}: its records are not kept on disk ({}); a later kgate will not have them", kernel, why);
+}
+
+void RecordLog::close_file(const std::string& kernel) {
+  if (auto it = files_.find(kernel); it != files_.end()) {
+    if (it->second.dirty) ::fdatasync(it->second.fd);
+    ::close(it->second.fd);
+    files_.erase(it);
+  }
+}
+
+void RecordLog::apply(std::vector<Op>& ops) {
+  for (auto& op : ops) {
+    const fs::path path = path_of(op.kernel);
+    try {
+      if (op.kind == Op::append) {
+        auto it = files_.find(op.kernel);
+        if (it == files_.end()) {
+          ensure_dir();
+          const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+          if (fd < 0) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
+          it = files_.emplace(op.kernel, File{fd, false}).first;
+          if (::lseek(fd, 0, SEEK_END) == 0) op.text.insert(0, header_line(op.kernel) + "\n");
+        }
+        it->second.dirty = true;
+        if (!write_all(it->second.fd, op.text))
+          throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+      } else if (op.kind == Op::rewrite) {
+        close_file(op.kernel);
+        ensure_dir();
+        write_file_atomically(path, op.text);
+        failed_.erase(op.kernel);
+      } else {
+        close_file(op.kernel);
+        std::error_code ec;
+        fs::remove(path, ec);
+        failed_.erase(op.kernel);
+      }
+    } catch (const std::exception& e) {
+      fail(op.kernel, e.what());
+    }
+  }
+}
+
+void RecordLog::sync_files() {
+  for (auto& [_, f] : files_)
+    if (f.dirty) {
+      ::fdatasync(f.fd);
+      f.dirty = false;
+    }
+}
+
+void RecordLog::run() {
+  using Clock = std::chrono::steady_clock;
+  auto next_sync = Clock::now() + opts_.sync_interval;
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait_until(lk, next_sync, [this] { return stop_ || flush_wanted_ || !queue_.empty(); });
+    // A cell's lines come in a burst (created, began, ended within a few ms): gather it into one
+    // pass, one wake-up and one write, rather than one each.
+    if (!stop_ && !flush_wanted_ && !queue_.empty())
+      cv_.wait_for(lk, kGather, [this] { return stop_ || flush_wanted_; });
+    std::vector<Op> ops;
+    ops.swap(queue_);
+    const std::uint64_t upto = queued_;
+    const bool stopping = stop_, flushing = flush_wanted_;
+    flush_wanted_ = false;
+    lk.unlock();
+    apply(ops);
+    const auto now = Clock::now();
+    const bool synced = stopping || flushing || now >= next_sync;
+    if (synced) {
+      sync_files();
+      next_sync = now + opts_.sync_interval;
+    }
+    lk.lock();
+    if (synced) {
+      applied_ = upto;
+      done_cv_.notify_all();
+    }
+    if (stopping && queue_.empty()) return;
   }
 }
 
@@ -234,30 +306,6 @@ RecordLog::Loaded RecordLog::load(const std::set<std::string>& keep) {
     }
   }
   return out;
-}
-
-void RecordLog::sync() {
-  std::vector<std::shared_ptr<File>> dirty;
-  {
-    std::lock_guard lk(mu_);
-    for (auto& [_, f] : files_)
-      if (f->dirty) {
-        f->dirty = false;
-        dirty.push_back(f);
-      }
-  }
-  for (auto& f : dirty) ::fdatasync(f->fd);  // the shared_ptr keeps the fd open meanwhile
-}
-
-void RecordLog::run() {
-  std::unique_lock lk(mu_);
-  while (!stop_) {
-    cv_.wait_for(lk, opts_.sync_interval, [this] { return stop_; });
-    if (stop_) break;
-    lk.unlock();
-    sync();
-    lk.lock();
-  }
 }
 
 }  // namespace kgate

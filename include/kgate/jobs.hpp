@@ -257,6 +257,7 @@ class JobStore final : public KernelObserver {
     std::set<std::string> inflight;  // execute_requests from kgate's clients awaiting a reply
     std::size_t evicted_unseen = 0;
     std::uint64_t restarts = 0;
+    std::uint64_t last_ended = 0;  // its job that ended last (spared by the count cap)
     int last_count = 0;        // the highest execution_count heard since the last restart
     bool restored = false;     // its records were read back from disk (re-adopted)
     std::string away_from;     // restored: when kgate last wrote its records before the gap

@@ -50,7 +50,7 @@ def test_records_and_job_numbers_survive_a_restart(kgate_factory, kgate_bin, how
     first = agent_run(kg, kid, "x = 41\nprint('set')", "agent-1", label="Claude (test)")
     assert first["status"] == "ok", first
     log = records_dir(kg) / f"{kid}.log"
-    assert log.exists(), sorted(os.listdir(records_dir(kg)))
+    assert wait_until(log.exists, 5), sorted(os.listdir(records_dir(kg)))  # the kgate-records thread writes it
     assert oct(os.stat(log).st_mode & 0o777) == "0o600"
     assert oct(os.stat(records_dir(kg)).st_mode & 0o777) == "0o700"
     stop_kgate(kg, how)

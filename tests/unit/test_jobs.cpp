@@ -490,6 +490,26 @@ TEST(JobStore, EvictionSparesRunningAndUnseenJobs) {
   EXPECT_FALSE(f.store->job("job-1"));  // told, so it can go now
 }
 
+TEST(JobStore, AnAgentsJobJustEndedIsNotEvictedWhenTheRestIsUnseen) {
+  // Found by bench/records.py: with max_jobs of unseen foreign jobs kept, the agent's job that
+  // had just ended was the only evictable one, and its waiting execute got a 404.
+  RecordLimits l;
+  l.max_jobs = 3;
+  Fixture f(l);
+  for (int i = 0; i < 4; ++i) {
+    f.foreign_begin("u" + std::to_string(i), "unseen = 1");
+    f.idle("u" + std::to_string(i));
+  }
+  ASSERT_TRUE(f.submit("a", "1 + 1"));
+  f.idle(f.last_request());
+  EXPECT_TRUE(f.store->job("job-5")) << "the job a request waits on was evicted as it ended";
+  ASSERT_TRUE(f.submit("a", "2 + 2"));
+  f.idle(f.last_request());
+  EXPECT_FALSE(f.store->job("job-5"));  // the next one's end lets it go
+  EXPECT_TRUE(f.store->job("job-6"));
+  EXPECT_EQ(f.store->list("", 0, 100).jobs.size(), 5u);  // 4 unseen + the last one
+}
+
 TEST(JobStore, BudgetReleasesTextAndUnseenCapCounts) {
   RecordLimits l;
   l.budget_bytes = 1 << 16;
