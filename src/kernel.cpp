@@ -143,6 +143,20 @@ void Kernel::touch() {
   last_touch_ = t;
 }
 
+void Kernel::touch_at(std::chrono::system_clock::time_point when) {
+  auto now = std::chrono::system_clock::now();
+  auto t = Clock::now();
+  if (when > now) when = now;
+  std::lock_guard lk(mu_);
+  last_activity_ = when;
+  last_touch_ = t - std::chrono::duration_cast<Clock::duration>(now - when);
+}
+
+std::optional<std::chrono::system_clock::time_point> Kernel::last_activity_time() const {
+  std::lock_guard lk(mu_);
+  return last_activity_;
+}
+
 Kernel::Clock::time_point Kernel::created_at() const {
   std::lock_guard lk(mu_);
   return created_;
@@ -245,6 +259,7 @@ struct KernelIo {
   std::string sup_name;  // the supervisor's socket name (kernel table)
   bool adopted = false;  // re-adopted from an earlier kgate's table, not yet ready (adopt())
   std::string history_probe;  // re-adopted: the history_request whose reply goes to observers
+  std::string quiet_parent;   // iopub under this parent (the history probe) is not activity
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -407,7 +422,7 @@ struct KernelManager::Impl {
   void begin_stop(KernelIo& k, bool restart);
   void finish_removal(KernelIo& k);
   // The kernel table (DEV.md §4e): its entry, rewritten when it became ready or was handed out.
-  void save_entry(KernelIo& k);
+  void save_entry(KernelIo& k, bool with_activity = false);
   // Listening to a kernel an earlier kgate started (adopt()): sockets and readiness, no launch.
   void attach(KernelIo& k);
   bool cull_now(KernelIo& k, const CullRequest& req);
@@ -655,7 +670,7 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.attempts = 0;
   k.stall_relaunched = false;  // a later restart may relaunch once too
   k.kernel->set_state("idle");
-  k.kernel->touch();
+  if (!k.adopted) k.kernel->touch();  // a re-adopted kernel's clock goes on (adopt())
   spdlog::info("kernel {}: {}", k.kernel->id(),
                k.adopted ? "re-adopted" : was_restart ? "ready after restart" : "ready");
   if (k.adopted) {
@@ -664,6 +679,9 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
     k.history_probe = send_internal(k, Channel::shell, "history_request",
                                     json{{"output", true}, {"raw", true}, {"hist_access_type", "range"},
                                          {"session", 0}, {"start", 1}, {"stop", nullptr}});
+    k.quiet_parent = k.history_probe;
+    // It may be running a cell from before: busy until its shell answers (or the cell's idle).
+    if (!k.history_probe.empty()) k.kernel->set_state("busy");
   }
   k.adopted = false;
   save_entry(k);
@@ -855,7 +873,9 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
     return;
   }
   if (ch == Channel::iopub) {
-    k.kernel->touch();
+    // kgate's own requests to a re-adopted kernel (readiness, the history probe) are not
+    // activity: its cull clock goes on from what the kgate before saved.
+    if (!k.adopted && (k.quiet_parent.empty() || m.parent_msg_id != k.quiet_parent)) k.kernel->touch();
     if (m.msg_type == "status") {
       bool control_parent = std::find(k.recent_control.begin(), k.recent_control.end(),
                                       m.parent_msg_id) != k.recent_control.end();
@@ -894,6 +914,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
   if (k.internal.erase(m.parent_msg_id)) {
     if (!k.history_probe.empty() && m.parent_msg_id == k.history_probe) {
       k.history_probe.clear();
+      if (k.phase == Phase::ready && k.kernel->execution_state() == "busy") k.kernel->set_state("idle");
       for (auto* o : observers) o->on_kernel_readopted(k.kernel, m.wire.content);
       return;
     }
@@ -1303,7 +1324,7 @@ KernelManager::~KernelManager() {
   ::close(impl_->wake_fd);
 }
 
-void KernelManager::Impl::save_entry(KernelIo& k) {
+void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
   if (!table.enabled() || !k.proc.supervised()) return;  // a direct child cannot outlive kgate
   KernelTableEntry e;
   e.id = k.kernel->id();
@@ -1316,6 +1337,9 @@ void KernelManager::Impl::save_entry(KernelIo& k) {
   e.supervisor = k.sup_name;
   e.cull_idle_timeout = k.kernel->cull_idle_timeout();
   e.created_unix_ms = k.created_unix_ms;
+  if (auto t = k.kernel->last_activity_time(); with_activity && t)
+    e.last_activity_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(t->time_since_epoch()).count();
   try {
     table.save(e);
   } catch (const std::exception& ex) {
@@ -1350,6 +1374,7 @@ std::size_t KernelManager::detach_all() {
         continue;
       }
       const std::string id = k.kernel->id();
+      m.save_entry(k, /*with_activity=*/true);  // the next kgate's cull clock goes on from it
       m.close_sockets(k);
       m.fail_pending(k, "KernelShutdown", "kgate is stopping; the kernel goes on, for the next kgate");
       {
@@ -1417,7 +1442,10 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
                     k->conn.hb_port})
         m.reserved_ports.insert(p);
       kernel->set_process(k->proc.pid(), k->file, k->conn);
-      kernel->touch();
+      if (e.last_activity_unix_ms > 0)
+        kernel->touch_at(std::chrono::system_clock::time_point(std::chrono::milliseconds(e.last_activity_unix_ms)));
+      else
+        kernel->touch();  // not known (its kgate was killed): the cull clock starts now
       KernelIo& ref = *k;
       m.io.emplace(e.id, std::move(k));
       {

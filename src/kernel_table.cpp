@@ -49,7 +49,8 @@ json KernelTableEntry::to_json() const {
           {"pid_start", pid_start},
           {"supervisor", supervisor},
           {"cull_idle_timeout_ms", cull_idle_timeout ? json(cull_idle_timeout->count()) : json(nullptr)},
-          {"created_unix_ms", created_unix_ms}};
+          {"created_unix_ms", created_unix_ms},
+          {"last_activity_unix_ms", last_activity_unix_ms}};
 }
 
 KernelTableEntry KernelTableEntry::from_json(const json& j) {
@@ -84,6 +85,10 @@ KernelTableEntry KernelTableEntry::from_json(const json& j) {
     e.cull_idle_timeout = std::chrono::milliseconds(it->get<std::int64_t>());
   }
   e.created_unix_ms = field(j, "created_unix_ms", json::value_t::number_integer, "an integer").get<std::int64_t>();
+  if (auto it = j.find("last_activity_unix_ms"); it != j.end()) {  // optional: an earlier version-1 entry has none
+    if (!it->is_number_integer()) throw std::runtime_error("last_activity_unix_ms is not an integer");
+    e.last_activity_unix_ms = it->get<std::int64_t>();
+  }
   return e;
 }
 

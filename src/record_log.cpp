@@ -16,6 +16,7 @@
 
 #include "kgate/connection.hpp"
 #include "kgate/process.hpp"
+#include "kgate/wire.hpp"
 
 namespace kgate {
 
@@ -26,9 +27,6 @@ namespace {
 
 constexpr const char* kFormat = "kgate-records";
 constexpr const char* kSuffix = ".log";
-// How long the thread lets appends gather after the first one wakes it: what a kill -9 of kgate
-// can lose at most, beside what a power loss can (sync_interval).
-constexpr std::chrono::milliseconds kGather{2};
 
 std::string header_line(const std::string& kernel) {
   return json{{"format", kFormat}, {"version", RecordLog::kVersion}, {"kernel", kernel}}.dump();
@@ -54,6 +52,10 @@ bool write_all(int fd, std::string_view s) {
 
 }  // namespace
 
+RecordLog::File::~File() {
+  if (fd >= 0) ::close(fd);
+}
+
 RecordLog::RecordLog(Options opts) : opts_(std::move(opts)) {
   if (enabled())
     thread_ = std::thread([this] {
@@ -69,41 +71,61 @@ RecordLog::~RecordLog() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();  // it applies and syncs the queue before it ends
-  for (auto& [_, f] : files_) ::close(f.fd);
+  if (thread_.joinable()) thread_.join();
+  sync();
 }
 
 fs::path RecordLog::path_of(const std::string& kernel) const { return opts_.dir / (kernel + kSuffix); }
 
-void RecordLog::ensure_dir() {
-  if (dir_ready_) return;
-  ensure_private_dir(opts_.dir);  // throws with the reason
-  dir_ready_ = true;
+void RecordLog::fail_locked(const std::string& kernel, const std::string& why) {
+  if (failed_.insert(kernel).second)
+    spdlog::warn("kernel {}: its records are not kept on disk ({}); a later kgate will not have them", kernel, why);
+}
+
+// The open log of `kernel`; `fresh`: the file was just renamed into place (do not add a header).
+std::shared_ptr<RecordLog::File> RecordLog::open_locked(const std::string& kernel, bool fresh) {
+  if (!fresh)
+    if (auto it = files_.find(kernel); it != files_.end()) return it->second;
+  if (!dir_ready_) {
+    ensure_private_dir(opts_.dir);  // throws with the reason
+    dir_ready_ = true;
+  }
+  const fs::path path = path_of(kernel);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
+  auto f = std::make_shared<File>();
+  f->fd = fd;
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  f->size = end > 0 ? static_cast<std::uint64_t>(end) : 0;
+  if (f->size == 0) {
+    std::string head = header_line(kernel) + "\n";
+    if (!write_all(fd, head)) throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
+    f->size = head.size();
+    f->dirty = true;
+    dir_dirty_ = true;
+  }
+  files_[kernel] = f;
+  return f;
 }
 
 bool RecordLog::append(const std::string& kernel, std::string_view line) {
   if (!enabled() || !usable_id(kernel)) return false;
-  bool wake;
-  {
-    std::lock_guard lk(mu_);
-    wake = queue_.empty();
-    if (!queue_.empty() && queue_.back().kind == Op::append && queue_.back().kernel == kernel) {
-      queue_.back().text.append(line);  // one write for a burst
-      queue_.back().text.push_back('\n');
-    } else {
-      std::string text;
-      text.reserve(line.size() + 1);
-      text.append(line);
-      text.push_back('\n');
-      queue_.push_back(Op{Op::append, kernel, std::move(text)});
-      ++queued_;
-    }
-    auto [it, fresh] = sizes_.try_emplace(kernel, 0);
-    if (fresh) it->second = header_line(kernel).size() + 1;
-    it->second += line.size() + 1;
+  std::string buf;
+  buf.reserve(line.size() + 1);
+  buf.append(line);
+  buf.push_back('\n');
+  std::lock_guard lk(mu_);
+  try {
+    auto f = open_locked(kernel, false);
+    if (!write_all(f->fd, buf))
+      throw std::runtime_error("cannot write " + path_of(kernel).string() + ": " + std::strerror(errno));
+    f->size += buf.size();
+    f->dirty = true;
+    return true;
+  } catch (const std::exception& e) {
+    fail_locked(kernel, e.what());
+    return false;
   }
-  if (wake) cv_.notify_one();
-  return true;
 }
 
 bool RecordLog::rewrite(const std::string& kernel, const std::vector<std::string>& lines) {
@@ -113,31 +135,53 @@ bool RecordLog::rewrite(const std::string& kernel, const std::vector<std::string
     text += l;
     text += '\n';
   }
-  {
-    std::lock_guard lk(mu_);
-    sizes_[kernel] = text.size();
-    queue_.push_back(Op{Op::rewrite, kernel, std::move(text)});
-    ++queued_;
+  std::lock_guard lk(mu_);
+  const fs::path path = path_of(kernel);
+  const fs::path tmp = opts_.dir / ("." + kernel + kSuffix + "." + new_hex_id() + ".tmp");
+  try {
+    if (!dir_ready_) {
+      ensure_private_dir(opts_.dir);
+      dir_ready_ = true;
+    }
+    // No fsync here: a kill -9 cannot lose what write(2) took; a power loss is the thread's
+    // (it syncs the new file and the directory at its next pass).
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("cannot create " + tmp.string() + ": " + std::strerror(errno));
+    const bool ok = write_all(fd, text);
+    const int err = errno;
+    ::close(fd);
+    if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+      const int e2 = ok ? errno : err;
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(e2));
+    }
+    auto f = open_locked(kernel, true);
+    f->dirty = true;
+    dir_dirty_ = true;
+    failed_.erase(kernel);
+    return true;
+  } catch (const std::exception& e) {
+    files_.erase(kernel);
+    fail_locked(kernel, e.what());
+    return false;
   }
-  cv_.notify_one();
-  return true;
 }
 
 void RecordLog::remove(const std::string& kernel) {
   if (!enabled() || !usable_id(kernel)) return;
-  {
-    std::lock_guard lk(mu_);
-    sizes_.erase(kernel);
-    queue_.push_back(Op{Op::remove, kernel, {}});
-    ++queued_;
-  }
-  cv_.notify_one();
+  std::lock_guard lk(mu_);
+  files_.erase(kernel);  // the thread may still hold it to sync: the fd closes after that
+  failed_.erase(kernel);
+  std::error_code ec;
+  fs::remove(path_of(kernel), ec);
 }
 
 std::uint64_t RecordLog::size(const std::string& kernel) const {
   std::lock_guard lk(mu_);
-  auto it = sizes_.find(kernel);
-  return it == sizes_.end() ? 0 : it->second;
+  if (auto it = files_.find(kernel); it != files_.end()) return it->second->size;
+  std::error_code ec;
+  auto n = fs::file_size(path_of(kernel), ec);
+  return ec ? 0 : n;
 }
 
 void RecordLog::save_counter(std::uint64_t counter) {
@@ -154,98 +198,34 @@ void RecordLog::save_counter(std::uint64_t counter) {
   }
 }
 
-void RecordLog::flush() {
-  if (!enabled()) return;
-  std::unique_lock lk(mu_);
-  const std::uint64_t target = queued_;
-  flush_wanted_ = true;
-  cv_.notify_one();
-  done_cv_.wait(lk, [&] { return applied_ >= target; });
-}
-
-void RecordLog::fail(const std::string& kernel, const std::string& why) {
-  if (failed_.insert(kernel).second)
-    spdlog::warn("kernel {}: its records are not kept on disk ({}); a later kgate will not have them", kernel, why);
-}
-
-void RecordLog::close_file(const std::string& kernel) {
-  if (auto it = files_.find(kernel); it != files_.end()) {
-    if (it->second.dirty) ::fdatasync(it->second.fd);
-    ::close(it->second.fd);
-    files_.erase(it);
-  }
-}
-
-void RecordLog::apply(std::vector<Op>& ops) {
-  for (auto& op : ops) {
-    const fs::path path = path_of(op.kernel);
-    try {
-      if (op.kind == Op::append) {
-        auto it = files_.find(op.kernel);
-        if (it == files_.end()) {
-          ensure_dir();
-          const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-          if (fd < 0) throw std::runtime_error("cannot open " + path.string() + ": " + std::strerror(errno));
-          it = files_.emplace(op.kernel, File{fd, false}).first;
-          if (::lseek(fd, 0, SEEK_END) == 0) op.text.insert(0, header_line(op.kernel) + "\n");
-        }
-        it->second.dirty = true;
-        if (!write_all(it->second.fd, op.text))
-          throw std::runtime_error("cannot write " + path.string() + ": " + std::strerror(errno));
-      } else if (op.kind == Op::rewrite) {
-        close_file(op.kernel);
-        ensure_dir();
-        write_file_atomically(path, op.text);
-        failed_.erase(op.kernel);
-      } else {
-        close_file(op.kernel);
-        std::error_code ec;
-        fs::remove(path, ec);
-        failed_.erase(op.kernel);
+void RecordLog::sync() {
+  std::vector<std::shared_ptr<File>> dirty;
+  bool dir = false;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [_, f] : files_)
+      if (f->dirty) {
+        f->dirty = false;
+        dirty.push_back(f);
       }
-    } catch (const std::exception& e) {
-      fail(op.kernel, e.what());
-    }
+    std::swap(dir, dir_dirty_);
   }
-}
-
-void RecordLog::sync_files() {
-  for (auto& [_, f] : files_)
-    if (f.dirty) {
-      ::fdatasync(f.fd);
-      f.dirty = false;
+  for (auto& f : dirty) ::fdatasync(f->fd);  // the shared_ptr keeps the fd open meanwhile
+  if (dir)
+    if (const int dfd = ::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
     }
 }
 
 void RecordLog::run() {
-  using Clock = std::chrono::steady_clock;
-  auto next_sync = Clock::now() + opts_.sync_interval;
   std::unique_lock lk(mu_);
-  for (;;) {
-    cv_.wait_until(lk, next_sync, [this] { return stop_ || flush_wanted_ || !queue_.empty(); });
-    // A cell's lines come in a burst (created, began, ended within a few ms): gather it into one
-    // pass, one wake-up and one write, rather than one each.
-    if (!stop_ && !flush_wanted_ && !queue_.empty())
-      cv_.wait_for(lk, kGather, [this] { return stop_ || flush_wanted_; });
-    std::vector<Op> ops;
-    ops.swap(queue_);
-    const std::uint64_t upto = queued_;
-    const bool stopping = stop_, flushing = flush_wanted_;
-    flush_wanted_ = false;
+  while (!stop_) {
+    cv_.wait_for(lk, opts_.sync_interval, [this] { return stop_; });
+    if (stop_) break;
     lk.unlock();
-    apply(ops);
-    const auto now = Clock::now();
-    const bool synced = stopping || flushing || now >= next_sync;
-    if (synced) {
-      sync_files();
-      next_sync = now + opts_.sync_interval;
-    }
+    sync();
     lk.lock();
-    if (synced) {
-      applied_ = upto;
-      done_cv_.notify_all();
-    }
-    if (stopping && queue_.empty()) return;
   }
 }
 

@@ -130,6 +130,10 @@ class Kernel {
   // The heartbeat: `silent_since` is when the first unanswered ping was sent.
   void set_responsive(bool responsive, Clock::time_point silent_since = {});
   void touch();  // last_activity = now
+  // last_activity = `when` (a re-adopted kernel's, as the kgate before saved it), never later
+  // than now; idle_for() counts from it.
+  void touch_at(std::chrono::system_clock::time_point when);
+  std::optional<std::chrono::system_clock::time_point> last_activity_time() const;
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
   void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t);

@@ -33,6 +33,9 @@ struct KernelTableEntry {
   std::string supervisor;                    // its kgate-supervise's abstract socket name
   std::optional<std::chrono::milliseconds> cull_idle_timeout;
   std::int64_t created_unix_ms = 0;          // when the kernel was started (wall clock)
+  // Its last activity, saved when kgate left it running (SIGTERM); 0 = not known (a kgate that
+  // was killed saved none): the next kgate's cull clock then starts at the re-adoption.
+  std::int64_t last_activity_unix_ms = 0;
 
   nlohmann::json to_json() const;
   // Throws std::runtime_error naming the field that is missing or of the wrong type.

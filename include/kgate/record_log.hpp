@@ -2,14 +2,14 @@
 // kgate that re-adopts the kernel has its records too (DEV.md §4e).
 //
 // A log is lines of JSON: a header line ({"format": "kgate-records", "version": 1, "kernel": id})
-// and then the lines the job store appends (JobStore says what they hold).  Callers only queue
-// their appends, rewrites and removals (a copy under a mutex); the kgate-records thread applies
-// them in order at once: one write(2) per log per pass, straight into the page cache, so a
-// kill -9 of kgate loses only what was still queued (microseconds' worth).  It fdatasync()s the
-// logs it wrote to every sync_interval, so a power loss loses at most that much.  A kill -9 in
-// the middle of a write leaves a torn last line: load() reports and drops it.  A rewrite replaces
-// a log whole (temp file, fsync, rename): the store compacts a log with it once it has grown
-// well past what it describes.
+// and then the lines the job store appends (JobStore says what they hold).  Each append is one
+// write(2) on the caller's thread, straight into the page cache, so a kill -9 of kgate loses
+// nothing appended before it; the kgate-records thread fdatasync()s the logs written to every
+// sync_interval (and the directory after a log was created or replaced), so a power loss loses
+// at most that much, and no caller waits on the disk.  A kill -9 in the middle of a write
+// leaves a torn last line: load() reports and drops it.  rewrite() replaces a log whole (a
+// temporary file renamed over it; synced by the thread like an append): the store compacts a
+// log with it once it has grown well past what it describes.
 //
 // Thread safety: every member may be called from any thread.
 #pragma once
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -37,22 +38,22 @@ class RecordLog {
     std::chrono::milliseconds sync_interval{500};
   };
   explicit RecordLog(Options opts);
-  ~RecordLog();  // applies and syncs what was queued, then stops the thread
+  ~RecordLog();  // syncs what was written, and stops the thread
   RecordLog(const RecordLog&) = delete;
   RecordLog& operator=(const RecordLog&) = delete;
 
   bool enabled() const { return !opts_.dir.empty(); }
   const std::filesystem::path& dir() const { return opts_.dir; }
 
-  // Queues `line` (one line of JSON, no newline) for `kernel`'s log, created with its header.
-  // False for a kernel id that cannot be a file name.  A failed write is logged once per kernel
-  // (the records in memory are unaffected).
+  // Appends `line` (one line of JSON, no newline) to `kernel`'s log, created with its header.
+  // False for a kernel id that cannot be a file name, or when the write failed (logged once per
+  // kernel; the records in memory are unaffected).
   bool append(const std::string& kernel, std::string_view line);
-  // Queues the replacement of `kernel`'s log by `lines` (each one line, no newline).
+  // Replaces `kernel`'s log with `lines` (each one line, no newline), atomically.
   bool rewrite(const std::string& kernel, const std::vector<std::string>& lines);
-  // Queues the removal of `kernel`'s log.
+  // Removes `kernel`'s log.
   void remove(const std::string& kernel);
-  // Bytes in `kernel`'s log once the queue is applied.
+  // Bytes in `kernel`'s log.
   std::uint64_t size(const std::string& kernel) const;
 
   // The highest job number handed out, kept in <dir>/counter so that job numbers continue even
@@ -69,39 +70,29 @@ class RecordLog {
   // reported.  Logs of kernels not in `keep` are removed (their kernels are gone).
   Loaded load(const std::set<std::string>& keep);
 
-  // Returns once everything queued before the call is written and fdatasync'd.
-  void flush();
+  // fdatasync()s every log written to, now (the thread does it every sync_interval).
+  void sync();
 
  private:
-  struct Op {
-    enum Kind { append, rewrite, remove } kind;
-    std::string kernel;
-    std::string text;  // append: lines with their newlines; rewrite: the whole file
-  };
   struct File {
     int fd = -1;
-    bool dirty = false;  // written since the last fdatasync
+    std::uint64_t size = 0;
+    bool dirty = false;  // written since the last fdatasync (guarded by mu_)
+    ~File();
   };
   std::filesystem::path path_of(const std::string& kernel) const;
-  void ensure_dir();
+  std::shared_ptr<File> open_locked(const std::string& kernel, bool fresh);
+  void fail_locked(const std::string& kernel, const std::string& why);
   void run();
-  void apply(std::vector<Op>& ops);
-  void sync_files();
-  void close_file(const std::string& kernel);
-  void fail(const std::string& kernel, const std::string& why);
 
   const Options opts_;
   mutable std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
+  std::condition_variable cv_;
   bool stop_ = false;
-  bool flush_wanted_ = false;
-  std::vector<Op> queue_;
-  std::uint64_t queued_ = 0, applied_ = 0;      // ops queued / applied and synced (flush)
-  std::map<std::string, std::uint64_t> sizes_;  // each log's size once the queue is applied
-  // The thread's own: open logs, failures logged, whether the directory exists.
-  std::map<std::string, File> files_;
-  std::set<std::string> failed_;
   bool dir_ready_ = false;
+  bool dir_dirty_ = false;  // a log was created or renamed into place since the last sync
+  std::map<std::string, std::shared_ptr<File>> files_;
+  std::set<std::string> failed_;  // kernels whose write failure was logged
   std::thread thread_;
 };
 

@@ -87,11 +87,15 @@ def test_a_cell_running_across_a_kill_9_ends_with_the_gap_noted(kgate_factory, k
     try:
         running = kg2.rest("GET", f"/api/kgate/jobs/{job}")[2]
         assert running["status"] == "running" and "kgate was away" in running["note"], running
+        # Re-adopted in the middle of the cell: busy (not idle) until it ends.
+        assert wait_until(lambda: kernel_ids(kg2)[kid]["execution_state"] != "starting", 20)
+        assert kernel_ids(kg2)[kid]["execution_state"] == "busy", kernel_ids(kg2)[kid]
         done = wait_job_end(kg2, job, timeout=30)
         assert done["status"] == "ok", done
         assert "kgate was away while this job ran" in done["note"], done
         assert done["output"].endswith("6\n7\n"), done  # heard after the re-adoption
         assert done["result"] == "'done'", done
+        assert wait_until(lambda: kernel_ids(kg2)[kid]["execution_state"] == "idle", 5), kernel_ids(kg2)[kid]
     finally:
         delete_all(kg2)
         kg2.stop()
@@ -200,6 +204,28 @@ def test_a_torn_or_foreign_records_log_is_reported_and_skipped(kgate_factory, kg
         lines = (records_dir(kg) / f"{a}.log").read_text().splitlines()
         assert all(json.loads(line) for line in lines), lines
         assert any(json.loads(line).get("n") == job_num(nxt["job"]) for line in lines)
+    finally:
+        delete_all(kg2)
+        kg2.stop()
+
+
+def test_the_cull_clock_goes_on_across_a_sigterm_restart(kgate_factory, kgate_bin):
+    """The kernel's last_activity is saved when kgate leaves it running, and the next kgate's
+    model (and cull clock) goes on from it; kgate's own requests at the re-adoption are not
+    activity.  After a kill -9 nothing was saved, and the clock starts at the re-adoption."""
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    agent_run(kg, kid, "x = 1", "agent-1")
+    time.sleep(0.5)
+    before = kernel_ids(kg)[kid]["last_activity"]
+    time.sleep(1.5)
+    kg.stop(sweep=False)  # SIGTERM
+    kg2 = Kgate(kgate_bin, kg.root).start()
+    try:
+        wait_idle(kg2, kid)
+        time.sleep(0.5)  # the history probe's busy/idle have come
+        after = kernel_ids(kg2)[kid]["last_activity"]
+        assert after[:23] == before[:23], (before, after)  # saved to the millisecond
     finally:
         delete_all(kg2)
         kg2.stop()
