@@ -347,7 +347,15 @@ std::size_t Job::bytes() const {
 // ---------------------------------------------------------------------------------------
 // JobStore: recording
 
-JobStore::JobStore(RecordLimits limits) : limits_(limits), session_("kgate-" + new_hex_id()) {}
+// The version starts at the wall clock in ms: a client long-polling with an earlier kgate's
+// version is answered at once by the next kgate (whose versions are all greater), never told
+// "nothing changed" because the two counters happened to meet.  Below 2^53: exact in JSON.
+JobStore::JobStore(RecordLimits limits)
+    : limits_(limits),
+      session_("kgate-" + new_hex_id()),
+      version_(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count())) {}
 
 Job* JobStore::find_locked(const std::string& id) {
   if (id.size() < 5 || id.compare(0, 4, "job-") != 0) return nullptr;
