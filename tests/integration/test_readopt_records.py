@@ -6,6 +6,7 @@ and skipped."""
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -14,6 +15,8 @@ import pytest
 from conftest import Kgate, pid_alive, wait_until
 from records_util import (agent_execute, agent_run, attach_client, digest, job_num, kc_run, list_jobs,
                           wait_job_end)
+from test_mcp_semantics import Agent
+from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 from test_readopt import kernel_ids, kill_9
 
 
@@ -229,3 +232,33 @@ def test_the_cull_clock_goes_on_across_a_sigterm_restart(kgate_factory, kgate_bi
     finally:
         delete_all(kg2)
         kg2.stop()
+
+
+def test_the_agents_next_reply_tells_of_cells_run_while_kgate_was_away(mcp_bin, kgate_factory, kgate_bin, tmp_path):
+    """kgate-mcp across a restart, with a qtconsole-style client running a cell in the gap: the
+    agent's next reply names it, and poll_job shows its code, result and note."""
+    kg = kgate_factory()
+    agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    try:
+        assert agent.ok("execute", code="x = 41").endswith("(no output)")
+        (kid,) = kernel_ids(kg)
+        kc = attach_client(kg, kid)
+        try:
+            port = kg.port
+            kg.stop(sweep=False)  # SIGTERM: the kernel stays
+            content, _ = kc_run(kc, "y = x * 2\ny")
+            assert content["status"] == "ok", content
+        finally:
+            kc.stop_channels()
+        kg2 = Kgate(kgate_bin, kg.root, port=port).start()
+        try:
+            reply = agent.ok("execute", code="x + 1")
+            m = re.search(r"1 cell was run by the user since your last call: (job-\d+) \(end_not_recorded\)", reply)
+            assert reply.startswith("42") and m, reply
+            shown = agent.ok("poll_job", job=m.group(1))
+            assert "end_not_recorded" in shown and "82" in shown and "It ran while kgate was away" in shown, shown
+        finally:
+            delete_all(kg2)
+            kg2.stop()
+    finally:
+        agent.kill()
