@@ -38,6 +38,10 @@ namespace kgate {
 
 using Clock = std::chrono::steady_clock;
 
+// A re-adopted kernel's clients' shell requests wait at most this long for its history reply (a
+// kernel that does not answer history_request delays them once, by this much).
+constexpr std::chrono::seconds kHistoryHold{5};
+
 std::string_view channel_name(Channel c) noexcept {
   switch (c) {
     case Channel::shell: return "shell";
@@ -152,6 +156,14 @@ void Kernel::touch_at(std::chrono::system_clock::time_point when) {
   last_touch_ = t - std::chrono::duration_cast<Clock::duration>(now - when);
 }
 
+void Kernel::set_created(std::chrono::system_clock::time_point when) {
+  auto now = std::chrono::system_clock::now();
+  if (when > now) when = now;
+  auto t = Clock::now() - std::chrono::duration_cast<Clock::duration>(now - when);
+  std::lock_guard lk(mu_);
+  created_ = t;
+}
+
 std::optional<std::chrono::system_clock::time_point> Kernel::last_activity_time() const {
   std::lock_guard lk(mu_);
   return last_activity_;
@@ -260,6 +272,9 @@ struct KernelIo {
   bool adopted = false;  // re-adopted from an earlier kgate's table, not yet ready (adopt())
   std::string history_probe;  // re-adopted: the history_request whose reply goes to observers
   std::string quiet_parent;   // iopub under this parent (the history probe) is not activity
+  // Re-adopted, history probe out: clients' shell requests wait in `held` until its reply (so
+  // the records know the gap's cells before any new cell ends), at most kHistoryHold.
+  bool hold_shell = false;
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -410,6 +425,8 @@ struct KernelManager::Impl {
   std::string readiness_missing(const KernelIo& k) const;  // what readiness still waits for
   void check_ready(KernelIo& k);
   void became_ready(KernelIo& k);
+  // Sends the shell requests held while a re-adopted kernel's history probe was out.
+  void release_shell(KernelIo& k);
   void fail_start(KernelIo& k, const std::string& why);
   void send_now(KernelIo& k, ClientMessage& m);
   void refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
@@ -681,17 +698,40 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
                                          {"session", 0}, {"start", 1}, {"stop", nullptr}});
     k.quiet_parent = k.history_probe;
     // It may be running a cell from before: busy until its shell answers (or the cell's idle).
-    if (!k.history_probe.empty()) k.kernel->set_state("busy");
+    if (!k.history_probe.empty()) {
+      k.kernel->set_state("busy");
+      k.hold_shell = true;
+      auto id = k.kernel->id();
+      auto epoch = k.epoch;
+      after(kHistoryHold, [this, id, epoch] {
+        KernelIo* kk = find(id);
+        if (kk && kk->epoch == epoch && kk->hold_shell) release_shell(*kk);
+      });
+    }
   }
   k.adopted = false;
   save_entry(k);
   auto held = std::move(k.held);
   k.held.clear();
-  for (auto& m : held) send_now(k, m);
+  for (auto& m : held) {
+    if (k.hold_shell && m.channel == Channel::shell) k.held.push_back(std::move(m));
+    else send_now(k, m);
+  }
   auto waiters = std::move(k.start_waiters);
   k.start_waiters.clear();
   for (auto& w : waiters) w(StartResult{k.kernel, {}});
   heartbeat_tick(k.kernel->id(), k.epoch);
+}
+
+void KernelManager::Impl::release_shell(KernelIo& k) {
+  k.hold_shell = false;
+  auto held = std::move(k.held);
+  k.held.clear();
+  if (k.phase != Phase::ready) {  // restarting or stopping meanwhile: they wait for that instead
+    k.held = std::move(held);
+    return;
+  }
+  for (auto& m : held) send_now(k, m);
 }
 
 void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
@@ -875,7 +915,9 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
   if (ch == Channel::iopub) {
     // kgate's own requests to a re-adopted kernel (readiness, the history probe) are not
     // activity: its cull clock goes on from what the kgate before saved.
-    if (!k.adopted && (k.quiet_parent.empty() || m.parent_msg_id != k.quiet_parent)) k.kernel->touch();
+    const bool ours = k.readiness_ids.count(m.parent_msg_id) ||
+                      (!k.quiet_parent.empty() && m.parent_msg_id == k.quiet_parent);
+    if (!k.adopted && !ours) k.kernel->touch();
     if (m.msg_type == "status") {
       bool control_parent = std::find(k.recent_control.begin(), k.recent_control.end(),
                                       m.parent_msg_id) != k.recent_control.end();
@@ -916,6 +958,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       k.history_probe.clear();
       if (k.phase == Phase::ready && k.kernel->execution_state() == "busy") k.kernel->set_state("idle");
       for (auto* o : observers) o->on_kernel_readopted(k.kernel, m.wire.content);
+      if (k.hold_shell) release_shell(k);
       return;
     }
     if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
@@ -1442,6 +1485,8 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
                     k->conn.hb_port})
         m.reserved_ports.insert(p);
       kernel->set_process(k->proc.pid(), k->file, k->conn);
+      if (e.created_unix_ms > 0)
+        kernel->set_created(std::chrono::system_clock::time_point(std::chrono::milliseconds(e.created_unix_ms)));
       if (e.last_activity_unix_ms > 0)
         kernel->touch_at(std::chrono::system_clock::time_point(std::chrono::milliseconds(e.last_activity_unix_ms)));
       else
@@ -1561,6 +1606,8 @@ void KernelManager::Impl::check_handout(KernelIo& k) {
   k.request.pooled = false;
   k.request.on_pool_lost = nullptr;
   k.kernel->handed_out();
+  k.created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();  // its age starts now
   save_entry(k);
   spdlog::info("kernel {}: handed out from the pool", k.kernel->id());
   done(StartResult{k.kernel, {}});
@@ -1661,7 +1708,16 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
     KernelIo* k = impl_->find(id);
     if (!k) return;  // removed: its clients are being closed
     switch (k->phase) {
-      case Phase::ready: impl_->send_now(*k, msg); break;
+      case Phase::ready:
+        if (k->hold_shell && msg.channel == Channel::shell) {  // a re-adopted kernel's history first
+          if (k->held.size() >= impl_->opts.max_held)
+            impl_->refuse(*k, msg, "KernelStarting", "kgate: too many messages held during the re-adoption");
+          else
+            k->held.push_back(std::move(msg));
+        } else {
+          impl_->send_now(*k, msg);
+        }
+        break;
       case Phase::launching:
       case Phase::restarting:
         if (k->held.size() >= impl_->opts.max_held)

@@ -134,6 +134,8 @@ class Kernel {
   // than now; idle_for() counts from it.
   void touch_at(std::chrono::system_clock::time_point when);
   std::optional<std::chrono::system_clock::time_point> last_activity_time() const;
+  // A re-adopted kernel's age counts from when the kgate before started it.
+  void set_created(std::chrono::system_clock::time_point when);
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
   void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t);

@@ -79,7 +79,7 @@ def test_records_and_job_numbers_survive_a_restart(kgate_factory, kgate_bin, how
 def test_a_cell_running_across_a_kill_9_ends_with_the_gap_noted(kgate_factory, kgate_bin):
     kg = kgate_factory()
     kid = kg.start_kernel()["id"]
-    status, rec = agent_execute(kg, kid, "import time\nfor i in range(8):\n    print(i, flush=True)\n    time.sleep(1)\n'done'",
+    status, rec = agent_execute(kg, kid, "import time\nfor i in range(15):\n    print(i, flush=True)\n    time.sleep(1)\n'done'",
                                 "agent-1")
     assert status in (200, 202), rec
     job = rec["job"]
@@ -96,7 +96,7 @@ def test_a_cell_running_across_a_kill_9_ends_with_the_gap_noted(kgate_factory, k
         done = wait_job_end(kg2, job, timeout=30)
         assert done["status"] == "ok", done
         assert "kgate was away while this job ran" in done["note"], done
-        assert done["output"].endswith("6\n7\n"), done  # heard after the re-adoption
+        assert done["output"].endswith("13\n14\n"), done  # heard after the re-adoption
         assert done["result"] == "'done'", done
         assert wait_until(lambda: kernel_ids(kg2)[kid]["execution_state"] == "idle", 5), kernel_ids(kg2)[kid]
     finally:
@@ -229,6 +229,8 @@ def test_the_cull_clock_goes_on_across_a_sigterm_restart(kgate_factory, kgate_bi
         time.sleep(0.5)  # the history probe's busy/idle have come
         after = kernel_ids(kg2)[kid]["last_activity"]
         assert after[:23] == before[:23], (before, after)  # saved to the millisecond
+        status, _, model = kg2.rest("GET", f"/api/kgate/kernels/{kid}")
+        assert status == 200 and model["age_seconds"] >= 2.0, model  # its age goes on too
     finally:
         delete_all(kg2)
         kg2.stop()
