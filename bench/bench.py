@@ -325,6 +325,9 @@ def private_env(root):
     env["XDG_STATE_HOME"] = os.path.join(root, "state")   # one kgate per state directory
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     env["JUPYTER_NO_CONFIG"] = "1"
+    # ... which makes jupyter_core leave a jupyter-clean-cfg-* dir in $TMPDIR at every lookup
+    env["TMPDIR"] = os.path.join(root, "tmp")
+    os.makedirs(env["TMPDIR"], exist_ok=True)
     env.pop("JUPYTER_PATH", None)
     env.pop("JUPYTER_CONFIG_PATH", None)
     return env

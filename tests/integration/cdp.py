@@ -18,9 +18,11 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,6 +50,7 @@ class Chromium:
         self.user_data_dir = Path(user_data_dir)
         self.log_path = log_path
         self._pages = []
+        self.tmpdir = None
 
     # ---- process --------------------------------------------------------------------
 
@@ -69,12 +72,17 @@ class Chromium:
             *extra_args, "about:blank",
         ]
         log = open(log_path, "wb")
+        # Chromium's temporary files (org.chromium.Chromium.*) go in a directory of their own,
+        # removed by close(); a short path, as its singleton socket's must fit in sun_path.
+        tmp = tempfile.mkdtemp(prefix="kgate-cr-")
+        env = dict(os.environ, TMPDIR=tmp)
         try:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                     start_new_session=True, preexec_fn=_kill_with_parent)
         finally:
             log.close()
         browser = cls(proc, None, user_data_dir, log_path)
+        browser.tmpdir = tmp
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -120,6 +128,9 @@ class Chromium:
         except subprocess.TimeoutExpired:
             pass
         self.proc = None
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
 
     def __enter__(self):
         return self

@@ -26,7 +26,11 @@ def private_env(root, **extra):
         "JUPYTER_CONFIG_DIR": str(root / "config"),
         "JUPYTER_DATA_DIR": str(root / "data"),
         "JUPYTER_PATH": str(root / "share"),
+        # JUPYTER_NO_CONFIG makes jupyter_core create a fresh jupyter-clean-cfg-* directory in
+        # $TMPDIR at every lookup, and never remove it: keep them under the test's root.
+        "TMPDIR": str(root / "tmp"),
     })
+    (root / "tmp").mkdir(parents=True, exist_ok=True)
     env.update(extra)
     return env
 

@@ -40,7 +40,8 @@ class StockServer(JupyterServer):
         self.args += [f"--port={self.port}", f"--ServerApp.token={TOKEN}"]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("JUPYTER", "KERNEL_", "PYTHON", "KGATE_"))}
-        env.update({"JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1",
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)  # jupyter-clean-cfg-* dirs go here
+        env.update({"JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "TMPDIR": str(self.root / "tmp"),
                     "JUPYTER_RUNTIME_DIR": str(self.root / "runtime2"),
                     "JUPYTER_CONFIG_DIR": str(self.root / "config2"),
                     "JUPYTER_DATA_DIR": str(self.root / "data2")})

@@ -53,7 +53,8 @@ class TlsStockServer(StockServer):
         self.args += [f"--certfile={crt}", f"--keyfile={key}"]
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("JUPYTER", "KERNEL_", "PYTHON", "KGATE_"))}
-        env.update({"JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1",
+        (self.root / "tmp").mkdir(parents=True, exist_ok=True)  # jupyter-clean-cfg-* dirs go here
+        env.update({"JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_NO_CONFIG": "1", "TMPDIR": str(self.root / "tmp"),
                     "JUPYTER_RUNTIME_DIR": str(self.root / "runtime3"),
                     "JUPYTER_CONFIG_DIR": str(self.root / "config3"),
                     "JUPYTER_DATA_DIR": str(self.root / "data3")})
