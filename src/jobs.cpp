@@ -1517,7 +1517,8 @@ void JobStore::on_kernel_readopted(const KernelPtr& kernel, const std::string& h
     const std::string note = "It ran while kgate was away (between " + pk.away_from + " and " + pk.back_at +
                              "), from a client holding the connection file. It is recovered from the kernel's "
                              "history, which keeps its code and result but not its output or its status.";
-    for (auto& [line, cell] : cells) {
+    for (auto& [number, cell] : cells) {
+      const int line = number;  // a lambda may not capture a structured binding (clang 14)
       pk.last_count = std::max(pk.last_count, line);
       auto same = std::find_if(gap_jobs.begin(), gap_jobs.end(),
                                [&](Job* j) { return j->execution_count && *j->execution_count == line; });
