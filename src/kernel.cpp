@@ -42,6 +42,10 @@ using Clock = std::chrono::steady_clock;
 // kernel that does not answer history_request delays them once, by this much).
 constexpr std::chrono::seconds kHistoryHold{5};
 
+// A starting kernel that answers kernel_info and iopub but not its heartbeat within this is
+// relaunched on fresh ports (its heartbeat thread died on a taken port).
+constexpr std::chrono::seconds kHeartbeatGrace{3};
+
 std::string_view channel_name(Channel c) noexcept {
   switch (c) {
     case Channel::shell: return "shell";
@@ -331,6 +335,11 @@ struct KernelIo {
 
   // Heartbeat.
   bool hb_waiting = false;
+  // Readiness: the heartbeat echoed once.  ipykernel binds it in a thread of its own, and a
+  // port taken in the bind/close window kills only that thread: the kernel answers everything
+  // else and is never heard on its heartbeat (relaunched on fresh ports, see send_kernel_info).
+  bool hb_ok = false;
+  Clock::time_point hb_wait_since{};  // the rest of readiness was there, the echo was not
   int hb_misses = 0;
   bool hb_warned = false;
   std::uint64_t hb_seq = 0;
@@ -550,6 +559,8 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
   k.hb_waiting = false;
   k.hb_misses = 0;
   k.hb_warned = false;
+  k.hb_ok = false;
+  k.hb_wait_since = {};
   k.recheck = 0xff;  // connect() may have taken in their first signals
   k.kernel->set_responsive(true);  // a new process: not judged until it misses pings
 }
@@ -624,6 +635,7 @@ std::string KernelManager::Impl::readiness_missing(const KernelIo& k) const {
   if (!k.ready_reply) missing.push_back("no kernel_info_reply to " + std::to_string(k.info_sent) + " request(s)");
   if (!k.iopub_seen) missing.push_back("no iopub message");
   if (!k.stdin_up) missing.push_back("stdin never connected");
+  if (!k.hb_ok && !k.adopted) missing.push_back("no heartbeat echo (its heartbeat port may have been taken)");
   std::string out;
   for (const auto& m : missing) out += (out.empty() ? "" : ", ") + m;
   return out;
@@ -637,13 +649,17 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
                       " s (" + readiness_missing(k) + ")");
     return;
   }
+  if (!k.hb_ok && !k.adopted && k.ready_reply && k.iopub_seen && k.stdin_up) {
+    // Everything but the heartbeat: its thread is gone (a taken port) or not yet echoing.
+    if (k.hb_wait_since == Clock::time_point{}) k.hb_wait_since = now;
+    else if (now - k.hb_wait_since >= kHeartbeatGrace) k.stall_deadline = now - Clock::duration(1);
+  }
   if (now > k.stall_deadline && !k.stall_relaunched && !k.adopted) {
     // The process is alive but one half of the handshake never came (a socket that connected to
     // something else than the kernel, a kernel wedged in its start): start it again, once, on
     // fresh ports, rather than wait out the whole deadline and fail the request.
     k.stall_relaunched = true;
-    spdlog::warn("kernel {}: not ready after {} s ({}); relaunching it once on fresh ports", k.kernel->id(),
-                 std::chrono::duration_cast<std::chrono::seconds>(opts.ready_timeout / 3).count(),
+    spdlog::warn("kernel {}: not ready ({}); relaunching it once on fresh ports", k.kernel->id(),
                  readiness_missing(k));
     if (k.proc.running()) {
       k.proc.signal_group(SIGKILL);
@@ -657,6 +673,10 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
     return;
   }
   ++k.info_sent;
+  if (!k.hb_ok && k.hb) {  // a ping with every round of readiness requests
+    k.recheck |= KernelIo::kHbBit;
+    (void)k.hb->send(zmq::buffer(std::string_view("ready")), zmq::send_flags::dontwait);
+  }
   // An adopted kernel may be running a cell: its shell answers only after it, its control at once.
   if (auto sent = send_internal(k, k.adopted ? Channel::control : Channel::shell, "kernel_info_request", json::object());
       !sent.empty())
@@ -674,8 +694,9 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
 }
 
 void KernelManager::Impl::check_ready(KernelIo& k) {
+  // A re-adopted kernel is not held to its heartbeat: one that never had one was running so.
   if ((k.phase == Phase::launching || k.phase == Phase::restarting) && k.ready_reply &&
-      k.iopub_seen && k.stdin_up)
+      k.iopub_seen && k.stdin_up && (k.hb_ok || k.adopted))
     became_ready(k);
 }
 
@@ -1025,6 +1046,11 @@ void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t ep
 void KernelManager::Impl::on_hb(KernelIo& k) {
   zmq::message_t msg;
   while (k.hb->recv(msg, zmq::recv_flags::dontwait)) {
+    if (!k.hb_ok) {
+      k.hb_ok = true;
+      check_ready(k);
+      if (!k.hb) return;  // (became_ready never closes it; defensive)
+    }
     k.hb_waiting = false;
     if (k.hb_warned) {
       k.kernel->set_responsive(true);

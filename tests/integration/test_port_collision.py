@@ -1,6 +1,9 @@
 """A kernel that dies at start (as ipykernel does when a port was taken in the bind/close
 window) is relaunched on fresh ports, at first start and at restart."""
 import json
+import os
+import signal
+import time
 
 # The wrapper runs ipykernel, except on the launches listed in FAIL_ON (1-based), where it
 # saves the connection file it was given and exits 1, like a kernel whose port was taken.
@@ -76,3 +79,55 @@ def test_kernel_that_always_dies_fails_the_start_with_the_reason(kgate, tmp_path
     assert set(kgate.runtime_dir.glob("kernel-*.json")) == files_before  # no stale file
     status, _, listing = kgate.rest("GET", "/api/kernels")
     assert all(k["name"] != "alwaysdies" for k in listing), listing
+
+
+# Launch 1 takes the heartbeat port before ipykernel binds it: ipykernel's heartbeat thread dies
+# on EADDRINUSE and the kernel runs on without a heartbeat (seen in a CI-like run under load).
+HB_WRAPPER = r'''
+n=$(cat "$STATE/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$STATE/count"
+if [ "$n" = 1 ]; then
+  cp "$1" "$STATE/taken-1.json"
+  /usr/bin/python3 -c '
+import json, socket, sys, time
+info = json.load(open(sys.argv[1]))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((info["ip"], info["hb_port"])); s.listen(1)
+open(sys.argv[2], "w").write("bound")
+time.sleep(60)' "$1" "$STATE/bound" &
+  echo $! > "$STATE/blocker.pid"
+  while [ ! -e "$STATE/bound" ]; do sleep 0.05; done
+fi
+exec /usr/bin/python3 -m ipykernel_launcher -f "$1"
+'''
+
+
+def test_a_kernel_whose_heartbeat_port_was_taken_is_relaunched(kgate, tmp_path):
+    state = tmp_path / "hbtaken"
+    state.mkdir()
+    spec = kgate.root / "share" / "kernels" / "hbtaken"
+    spec.mkdir(parents=True)
+    (spec / "wrapper.sh").write_text(HB_WRAPPER)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/bin/sh", "{resource_dir}/wrapper.sh", "{connection_file}"],
+        "display_name": "hb taken", "language": "python", "env": {"STATE": str(state)},
+    }))
+    try:
+        status, _, model = kgate.rest("POST", "/api/kernels", {"name": "hbtaken"}, timeout=90)
+        assert status == 201, (status, model, kgate.log_tail())
+        kid = model["id"]
+        kgate._kernels.add(kid)
+        assert (state / "count").read_text().strip() == "2", "not relaunched"
+        assert any("no heartbeat echo" in line and "relaunching it once on fresh ports" in line
+                   for line in kgate.log_lines), kgate.log_tail()
+        taken = json.loads((state / "taken-1.json").read_text())["hb_port"]
+        assert ports(kgate.connection_file(kid))["hb_port"] != taken
+        time.sleep(1.5)  # several heartbeat intervals: it answers them
+        assert kgate.kernel_model(kid)["responsive"] is True, kgate.kernel_model(kid)
+        kgate.delete_kernel(kid)
+    finally:
+        pid = state / "blocker.pid"
+        if pid.exists():
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
