@@ -80,11 +80,23 @@ class Run:
 
 class Kernel:
     def __init__(self):
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel()
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        # jupyter_client picks the ports and the kernel binds them later: with kgate's tests
+        # starting kernels in the other worker, one can be taken in between, and ipykernel
+        # exits ("Kernel died before replying to kernel_info").  jupyter_client does not
+        # relaunch (kgate does), so the fixture does, on fresh ports.
+        for attempt in range(3):
+            self.km = KernelManager(kernel_name="python3")
+            self.km.start_kernel()
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(timeout=60)
+                return
+            except RuntimeError:
+                self.kc.stop_channels()
+                self.km.shutdown_kernel(now=True)
+                if attempt == 2:
+                    raise
 
     def run(self, code, timeout=60, silent=False):
         msgs = []
