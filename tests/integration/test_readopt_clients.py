@@ -5,12 +5,12 @@ new kgate takes the kernels back on the same port and state directory."""
 import time
 import uuid
 
-from conftest import Kgate, wait_until
+from conftest import wait_until
 from records_util import agent_run
 from test_interop import JupyterServer
 from test_observe import TOKEN, browser, sel  # noqa: F401 (browser is a fixture)
 from test_readopt import kernel_ids
-from test_readopt_records import delete_all
+from test_readopt_records import next_kgate
 
 
 def test_jupyter_server_in_gateway_mode_carries_on_across_a_restart(kgate_factory, kgate_bin, tmp_path):
@@ -26,8 +26,7 @@ def test_jupyter_server_in_gateway_mode_carries_on_across_a_restart(kgate_factor
             assert ws.run("x = 41\nprint('set')") == "set\n"
             port = kg.port
             kg.stop(sweep=False)  # SIGTERM: the kernel stays
-            kg2 = Kgate(kgate_bin, kg.root, port=port).start()
-            try:
+            with next_kgate(kgate_bin, kg.root, port=port):
                 # jupyter_server lists the kernel again, from the new kgate.
                 assert wait_until(lambda: kid in [k["id"] for k in js.rest("GET", "/api/kernels")[2] or []], 20), \
                     js.log_tail()
@@ -48,9 +47,6 @@ def test_jupyter_server_in_gateway_mode_carries_on_across_a_restart(kgate_factor
                     assert ws2.run("print(x)") == "41\n"
                 finally:
                     ws2.close()
-            finally:
-                delete_all(kg2)
-                kg2.stop()
         finally:
             ws.close()
     finally:
@@ -70,8 +66,7 @@ def test_the_observe_page_shows_the_kernels_again(kgate_factory, kgate_bin, brow
     kg.stop(sweep=False)  # SIGTERM
     page.wait_for("document.getElementById('conn').dataset.state === 'retry'", timeout=40,
                   message="the page did not notice that kgate went away")
-    kg2 = Kgate(kgate_bin, kg.root, token=TOKEN, port=port).start()
-    try:
+    with next_kgate(kgate_bin, kg.root, token=TOKEN, port=port) as kg2:
         assert wait_until(lambda: kernel_ids(kg2).get(kid, {}).get("execution_state") == "idle", 30)
         after = agent_run(kg2, kid, "print('after the restart')", "t")
         # Without a reload: the page reconnects, lists the kernel, the old job and the new one.
@@ -82,6 +77,3 @@ def test_the_observe_page_shows_the_kernels_again(kgate_factory, kgate_bin, brow
         for job in (before["job"], after["job"]):
             page.wait_for(f"!!document.querySelector('{sel(job)}')", timeout=20,
                           message=f"{job} is not listed after the restart")
-    finally:
-        delete_all(kg2)
-        kg2.stop()

@@ -4,6 +4,7 @@ job numbers continue, a job that ran across the gap ends with a note of it, cell
 ran while no kgate listened are recovered from the kernel's history, and a torn log is reported
 and skipped."""
 
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,18 @@ def delete_all(kg):
         kg.delete_kernel(kid, check=False)
 
 
+@contextlib.contextmanager
+def next_kgate(kgate_bin, root, **kwargs):
+    """The kgate that takes the kernels back (same state directory); at the end its kernels
+    are deleted and it is stopped."""
+    kg2 = Kgate(kgate_bin, root, **kwargs).start()
+    try:
+        yield kg2
+    finally:
+        delete_all(kg2)
+        kg2.stop()
+
+
 def wait_idle(kg, kid, timeout=30):
     assert wait_until(lambda: kernel_ids(kg).get(kid, {}).get("execution_state") == "idle", timeout), \
         f"{kernel_ids(kg)}\n{kg.log_tail(30)}"
@@ -58,8 +71,7 @@ def test_records_and_job_numbers_survive_a_restart(kgate_factory, kgate_bin, how
     assert oct(os.stat(records_dir(kg)).st_mode & 0o777) == "0o700"
     stop_kgate(kg, how)
 
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         wait_idle(kg2, kid)
         jobs = list_jobs(kg2, kid, code_chars=200)["jobs"]
         old = [j for j in jobs if j["job"] == first["job"]]
@@ -70,9 +82,6 @@ def test_records_and_job_numbers_survive_a_restart(kgate_factory, kgate_bin, how
         full = kg2.rest("GET", f"/api/kgate/jobs/{first['job']}")[2]
         assert full["output"] == "set\n" and full["agent"] == "agent-1", full
         assert any("job record" in line and "read back" in line for line in kg2.log_lines), kg2.log_tail(30)
-    finally:
-        delete_all(kg2)
-        kg2.stop()
     assert not (records_dir(kg) / f"{kid}.log").exists(), "a deleted kernel's records stayed on disk"
 
 
@@ -86,8 +95,7 @@ def test_a_cell_running_across_a_kill_9_ends_with_the_gap_noted(kgate_factory, k
     time.sleep(1.5)
     kill_9(kg)
     time.sleep(1.0)
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         running = kg2.rest("GET", f"/api/kgate/jobs/{job}")[2]
         assert running["status"] == "running" and "kgate was away" in running["note"], running
         # Re-adopted in the middle of the cell: busy (not idle) until it ends.
@@ -99,9 +107,6 @@ def test_a_cell_running_across_a_kill_9_ends_with_the_gap_noted(kgate_factory, k
         assert done["output"].endswith("13\n14\n"), done  # heard after the re-adoption
         assert done["result"] == "'done'", done
         assert wait_until(lambda: kernel_ids(kg2)[kid]["execution_state"] == "idle", 5), kernel_ids(kg2)[kid]
-    finally:
-        delete_all(kg2)
-        kg2.stop()
 
 
 def test_a_cell_that_ended_while_kgate_was_away_is_ended_end_not_recorded(kgate_factory, kgate_bin):
@@ -112,17 +117,13 @@ def test_a_cell_that_ended_while_kgate_was_away_is_ended_end_not_recorded(kgate_
     time.sleep(0.5)
     kill_9(kg)
     time.sleep(2.0)  # the cell ends while no kgate listens
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         done = wait_job_end(kg2, rec["job"], timeout=20)
         assert done["status"] == "end_not_recorded", done
         assert "ended while kgate was away" in done["note"], done
         # The kernel takes the next cell at once.
         nxt = agent_run(kg2, kid, "1 + 1", "agent-1")
         assert nxt["status"] == "ok" and nxt["result"] == "2", nxt
-    finally:
-        delete_all(kg2)
-        kg2.stop()
 
 
 def test_cells_run_while_kgate_was_away_are_recovered_from_history(kgate_factory, kgate_bin):
@@ -134,8 +135,7 @@ def test_cells_run_while_kgate_was_away_are_recovered_from_history(kgate_factory
         kill_9(kg)
         content, out = kc_run(kc, "y = 7\nprint('by hand')\ny * 6")
         assert content["status"] == "ok" and out == "by hand\n", (content, out)
-        kg2 = Kgate(kgate_bin, kg.root).start()
-        try:
+        with next_kgate(kgate_bin, kg.root) as kg2:
             wait_idle(kg2, kid)
             job = None
 
@@ -154,9 +154,6 @@ def test_cells_run_while_kgate_was_away_are_recovered_from_history(kgate_factory
             # The agent's own cell is not recovered twice.
             codes = [j["code"] for j in list_jobs(kg2, kid, code_chars=200)["jobs"]]
             assert codes.count("a = 1") == 1, codes
-        finally:
-            delete_all(kg2)
-            kg2.stop()
     finally:
         kc.stop_channels()
 
@@ -172,16 +169,12 @@ def test_a_kernel_dead_while_kgate_was_away_keeps_its_records(kgate_factory, kga
     kill_9(kg)
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: not pid_alive(pid), 5)
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         assert kernel_ids(kg2)[kid]["execution_state"] == "dead"
         lost = kg2.rest("GET", f"/api/kgate/jobs/{rec['job']}")[2]
         assert lost["status"] == "kernel_lost" and "ended while no kgate was running" in lost["note"], lost
         old = kg2.rest("GET", f"/api/kgate/jobs/{done['job']}")[2]
         assert old["status"] == "ok" and old["output"] == "before\n", old
-    finally:
-        delete_all(kg2)
-        kg2.stop()
 
 
 def test_a_torn_or_foreign_records_log_is_reported_and_skipped(kgate_factory, kgate_bin):
@@ -194,8 +187,7 @@ def test_a_torn_or_foreign_records_log_is_reported_and_skipped(kgate_factory, kg
     with open(records_dir(kg) / f"{a}.log", "a") as f:
         f.write('{"t": "job", "n": 999, "orig')  # a kill -9 in the middle of a write
     (records_dir(kg) / f"{b}.log").write_text(json.dumps({"format": "kgate-records", "version": 99, "kernel": b}) + "\n")
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         wait_idle(kg2, a)
         assert any("last line was cut short" in line for line in kg2.log_lines), kg2.log_tail(30)
         assert any("another version" in line and ".bad" in line for line in kg2.log_lines), kg2.log_tail(30)
@@ -207,9 +199,6 @@ def test_a_torn_or_foreign_records_log_is_reported_and_skipped(kgate_factory, kg
         lines = (records_dir(kg) / f"{a}.log").read_text().splitlines()
         assert all(json.loads(line) for line in lines), lines
         assert any(json.loads(line).get("n") == job_num(nxt["job"]) for line in lines)
-    finally:
-        delete_all(kg2)
-        kg2.stop()
 
 
 def test_the_cull_clock_goes_on_across_a_sigterm_restart(kgate_factory, kgate_bin):
@@ -223,17 +212,13 @@ def test_the_cull_clock_goes_on_across_a_sigterm_restart(kgate_factory, kgate_bi
     before = kernel_ids(kg)[kid]["last_activity"]
     time.sleep(1.5)
     kg.stop(sweep=False)  # SIGTERM
-    kg2 = Kgate(kgate_bin, kg.root).start()
-    try:
+    with next_kgate(kgate_bin, kg.root) as kg2:
         wait_idle(kg2, kid)
         time.sleep(0.5)  # the history probe's busy/idle have come
         after = kernel_ids(kg2)[kid]["last_activity"]
         assert after[:23] == before[:23], (before, after)  # saved to the millisecond
         status, _, model = kg2.rest("GET", f"/api/kgate/kernels/{kid}")
         assert status == 200 and model["age_seconds"] >= 2.0, model  # its age goes on too
-    finally:
-        delete_all(kg2)
-        kg2.stop()
 
 
 def test_the_agents_next_reply_tells_of_cells_run_while_kgate_was_away(mcp_bin, kgate_factory, kgate_bin, tmp_path):
@@ -252,15 +237,11 @@ def test_the_agents_next_reply_tells_of_cells_run_while_kgate_was_away(mcp_bin, 
             assert content["status"] == "ok", content
         finally:
             kc.stop_channels()
-        kg2 = Kgate(kgate_bin, kg.root, port=port).start()
-        try:
+        with next_kgate(kgate_bin, kg.root, port=port):
             reply = agent.ok("execute", code="x + 1")
             m = re.search(r"1 cell was run by the user since your last call: (job-\d+) \(end_not_recorded\)", reply)
             assert reply.startswith("42") and m, reply
             shown = agent.ok("poll_job", job=m.group(1))
             assert "end_not_recorded" in shown and "82" in shown and "It ran while kgate was away" in shown, shown
-        finally:
-            delete_all(kg2)
-            kg2.stop()
     finally:
         agent.kill()
