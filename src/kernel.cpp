@@ -711,6 +711,9 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   if (!k.adopted) k.kernel->touch();  // a re-adopted kernel's clock goes on (adopt())
   spdlog::info("kernel {}: {}", k.kernel->id(),
                k.adopted ? "re-adopted" : was_restart ? "ready after restart" : "ready");
+  // A restart that came before the history probe's reply: that probe is moot, nothing waits on it.
+  k.hold_shell = false;
+  k.history_probe.clear();
   if (k.adopted) {
     // What ran while no kgate listened is in the kernel's history (this session's, in memory:
     // IPython's get_range).  Sent before any held request, so it names only cells run before.
@@ -748,6 +751,10 @@ void KernelManager::Impl::release_shell(KernelIo& k) {
   k.hold_shell = false;
   auto held = std::move(k.held);
   k.held.clear();
+  if (k.phase == Phase::dead) {  // every request gets its one reply
+    for (auto& m : held) refuse(k, m, "KernelDied", "kgate: the kernel died");
+    return;
+  }
   if (k.phase != Phase::ready) {  // restarting or stopping meanwhile: they wait for that instead
     k.held = std::move(held);
     return;
@@ -1092,6 +1099,10 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
       k.kernel->set_state("dead", "kernel " + how);
       lifecycle(k, KernelLifecycle::died, "the kernel " + how);
       fail_pending(k, "KernelDied", "kgate: the kernel " + how);
+      // Shell requests held for a re-adopted kernel's history probe (hold_shell).
+      for (auto& m : k.held) refuse(k, m, "KernelDied", "kgate: the kernel " + how);
+      k.held.clear();
+      k.hold_shell = false;
       broadcast_status(k, "dead");
       std::error_code ec;
       std::filesystem::remove(k.file, ec);
