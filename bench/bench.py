@@ -47,6 +47,10 @@ CLIENT = os.path.join(HERE, "wsclient.py")   # the round-trip and flood clients
 KGATE_BIN = os.path.abspath(os.environ.get("KGATE_BIN", os.path.join(_REPO, "build", "gateway", "kgate")))
 N = int(os.environ.get("BENCH_N", "200"))
 MB = int(os.environ.get("BENCH_MB", "20"))
+# How long one flood client may take: 150 s for the 20 MB default, less for a small flood, so a
+# peer that hangs on one (jupyter_server did, once, under a loaded sanitizer run) costs seconds of
+# the budget, not all of it.
+FLOOD_WANT = min(150, 30 + 6 * MB)
 REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
 COLD = max(1, int(os.environ.get("BENCH_COLD", "5")))
 PEER_COLD = max(2, int(os.environ.get("BENCH_PEER_COLD", "3")))
@@ -530,11 +534,11 @@ def main():
 
         # 4. floods
         log("flood %d MB: direct" % MB)
-        R["direct"]["flood"] = step("direct flood", run_client, bench_env, tmp, ["direct-flood", MB], 150)
+        R["direct"]["flood"] = step("direct flood", run_client, bench_env, tmp, ["direct-flood", MB], FLOOD_WANT)
         if peer:
             log("flood %d MB: jupyter_server (default rate limits)" % MB)
             R["peer"]["flood_default"] = step("peer flood (defaults)", run_client, bench_env, tmp,
-                                              ["flood", peer.url, peer.token, MB], 150, peer)
+                                              ["flood", peer.url, peer.token, MB], FLOOD_WANT, peer)
             stop(peer)
             peer = None
         peer2 = step("peer start (unlimited)", start, "peer", "peer-unlimited", unlimited)
@@ -542,25 +546,25 @@ def main():
             R["peer"]["cold_start_ms"].append(round(peer2.cold_start_ms, 1))
             log("flood %d MB: jupyter_server (rate limits lifted)" % MB)
             R["peer"]["flood_unlimited"] = step("peer flood (unlimited)", run_client, bench_env, tmp,
-                                                ["flood", peer2.url, peer2.token, MB], 150, peer2)
+                                                ["flood", peer2.url, peer2.token, MB], FLOOD_WANT, peer2)
         if kg:
             log("flood %d MB: kgate" % MB)
-            R["kgate"]["flood"] = step("kgate flood", run_client, bench_env, tmp, ["flood", kg.url, kg.token, MB], 150, kg)
+            R["kgate"]["flood"] = step("kgate flood", run_client, bench_env, tmp, ["flood", kg.url, kg.token, MB], FLOOD_WANT, kg)
         # 5. the same flood with the client's UTF-8 check off, in alternating rounds (direct, peer,
         # kgate) so drift hits all three alike; each one's median is reported
         for rnd in range(ROUNDS):
             log("flood %d MB, client UTF-8 check off: round %d/%d" % (MB, rnd + 1, ROUNDS))
-            r = step("direct flood (round %d)" % (rnd + 1), run_client, bench_env, tmp, ["direct-flood", MB], 150)
+            r = step("direct flood (round %d)" % (rnd + 1), run_client, bench_env, tmp, ["direct-flood", MB], FLOOD_WANT)
             if r:
                 R["direct"]["flood_rounds"].append(r)
             if peer2:
                 r = step("peer flood (unlimited, fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
-                         ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], 150, peer2)
+                         ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], FLOOD_WANT, peer2)
                 if r:
                     R["peer"]["flood_rounds"].append(r)
             if kg:
                 r = step("kgate flood (fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
-                         ["flood", kg.url, kg.token, MB, "--no-utf8-check"], 150, kg)
+                         ["flood", kg.url, kg.token, MB, "--no-utf8-check"], FLOOD_WANT, kg)
                 if r:
                     R["kgate"]["flood_rounds"].append(r)
         # 6. many small messages: PRINTS prints, one stream message each
