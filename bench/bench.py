@@ -337,6 +337,17 @@ def private_env(root):
     return env
 
 
+def execute_request(code):
+    """(msg_id, text) of a websocket execute_request for `code` (legacy JSON frame)."""
+    msg_id = uuid.uuid4().hex
+    return msg_id, json.dumps({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench",
+                   "session": uuid.uuid4().hex, "date": "", "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True}})
+
+
 def kernel_rss(server):
     """(rss MB with no kernels, rss MB with one idle kernel) of the server process itself."""
     import websocket

@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (the shared Server, process sweeping and finish)
@@ -51,13 +50,8 @@ def first_execute(server):
         server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % k["id"],
         header=["Authorization: token " + server.token], timeout=bench.budget(120))
     try:
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench",
-                       "session": uuid.uuid4().hex, "date": "", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": "1+1", "silent": False, "store_history": True, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True}}))
+        msg_id, request = bench.execute_request("1+1")
+        ws.send(request)
         while True:
             m = json.loads(ws.recv())
             if m.get("msg_type") == "execute_reply" and m.get("parent_header", {}).get("msg_id") == msg_id:

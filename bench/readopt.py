@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (the shared Server, process sweeping and finish)
@@ -45,13 +44,8 @@ def run_code(server, kid, code, timeout=60):
         server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % kid,
         header=["Authorization: token " + server.token], timeout=timeout)
     try:
-        msg_id = uuid.uuid4().hex
-        ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "bench",
-                       "session": uuid.uuid4().hex, "date": "", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True}}))
+        msg_id, request = bench.execute_request(code)
+        ws.send(request)
         out, replied, idle = "", False, False
         while not (replied and idle):
             m = json.loads(ws.recv())
