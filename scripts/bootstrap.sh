@@ -14,6 +14,7 @@ PKGS=(
   clang libclang-rt-14-dev llvm wrk
   liburiparser-dev  # URL parsing (src/client/endpoint.cpp)
   ccache mold lld  # the compiler cache and the fast linkers (cmake/BuildSpeed.cmake)
+  slurmctld slurmd slurm-client munge openssh-server  # the remote launchers' test engines (tests/integration/engines.py)
 )
 
 missing=()
