@@ -34,6 +34,7 @@ json kernel_model_json(const KernelModel& m) {
             {"connections", m.connections}};
   if (!m.reason.empty()) j["reason"] = m.reason;
   // kgate's own fields (jupyter_server has none of these; clients ignore unknown keys).
+  if (!m.placement.is_null()) j["kgate_placement"] = m.placement;
   j["responsive"] = m.responsive;
   if (!m.responsive && m.execution_state != "dead") j["silent_seconds"] = std::round(m.silent_seconds * 10) / 10;
   return j;
@@ -203,6 +204,23 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     sr.cull_idle_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1000 + 0.5));
   }
+  // A remote launcher (DEV.md §4f): by name here, else the kernelspec's metadata.kgate.launcher.
+  std::string launcher_name;
+  json launcher_options;
+  if (auto it = body.find("kgate_launcher"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) {
+      respond(json_error(req, http::status::bad_request, "\"kgate_launcher\" must be a launcher's name"));
+      return;
+    }
+    launcher_name = it->get<std::string>();
+  }
+  if (auto it = body.find("kgate_launcher_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) {
+      respond(json_error(req, http::status::bad_request, "\"kgate_launcher_options\" must be an object"));
+      return;
+    }
+    launcher_options = *it;
+  }
   // max_kernels: from here on every path gives the slot back or hands it to the kernel.
   if (auto refusal = server.admit()) {
     auto res = json_error(req, http::status::service_unavailable, *refusal);
@@ -215,8 +233,8 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   auto keep_alive = req.keep_alive();
   auto version = req.version();
   std::string base = opts.base_url;
-  server.with_catalog([&server, name, sr = std::move(sr), respond, keep_alive, version,
-                       base](std::shared_ptr<const Catalog> cat) mutable {
+  server.with_catalog([&server, name, sr = std::move(sr), respond, keep_alive, version, base, launcher_name,
+                       launcher_options](std::shared_ptr<const Catalog> cat) mutable {
     Request fake;
     fake.version(version);
     fake.keep_alive(keep_alive);
@@ -236,6 +254,36 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
       return;
     }
     sr.spec = entry->spec;
+    std::string lname = launcher_name;
+    if (lname.empty() && sr.spec.metadata.is_object()) {
+      auto kg = sr.spec.metadata.find("kgate");
+      if (kg != sr.spec.metadata.end() && kg->is_object() && kg->contains("launcher") && (*kg)["launcher"].is_string())
+        lname = (*kg)["launcher"].get<std::string>();
+    }
+    std::string bad;
+    if (!lname.empty() && lname != "local") {
+      const auto& ls = server.options().launchers;
+      auto it = ls.find(lname);
+      if (it == ls.end()) {
+        std::string names = "local";
+        for (const auto& [n, l] : ls) names += ", " + n;
+        bad = "No launcher named " + lname + " (configured: " + names + ")";
+      } else {
+        try {
+          sr.launcher = with_overrides(*it->second, launcher_options);
+        } catch (const std::invalid_argument& e) {
+          bad = e.what();
+        }
+      }
+    } else if (!launcher_options.is_null() && !launcher_options.empty()) {
+      bad = "\"kgate_launcher_options\" needs a launcher: the local one takes none";
+    }
+    if (!bad.empty()) {
+      server.admitted("");
+      if (!sr.id.empty()) server.reserve_kernel_id(sr.id, false);
+      respond(json_error(fake, http::status::bad_request, bad));
+      return;
+    }
     start_kernel(server, std::move(sr), respond, keep_alive, version, base);
   }, name);
 }
@@ -243,8 +291,36 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base) {
   const std::string chosen_id = sr.id;
-  auto done = [&server, respond, keep_alive, version, base, chosen_id](StartResult r) {
-    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, chosen_id, &server] {
+  // A remote kernel may wait in a scheduler's queue: after ready_timeout the POST is answered
+  // 202 Accepted with the kernel's model (state starting, kgate_placement saying where it
+  // waits), and the start goes on (README "Remote kernels").  `answered` is set by whichever
+  // comes first, on the Asio thread.
+  auto answered = std::make_shared<bool>(false);
+  const bool remote = sr.launcher != nullptr;
+  if (remote) {
+    if (sr.id.empty()) sr.id = kgate::new_uuid();
+    auto timer = std::make_shared<net::steady_timer>(server.ioc(), server.options().kernel.ready_timeout);
+    const std::string id = sr.id;
+    timer->async_wait([timer, answered, &server, respond, keep_alive, version, base, id, chosen_id](
+                          const boost::system::error_code& ec) {
+      if (ec || *answered) return;
+      auto k = server.manager().get(id);
+      if (!k) return;  // it failed meanwhile: the start's answer is on its way
+      *answered = true;
+      server.admitted(id);
+      if (!chosen_id.empty()) server.reserve_kernel_id(chosen_id, false);
+      Request fake;
+      fake.version(version);
+      fake.keep_alive(keep_alive);
+      Response res = json_response(fake, http::status::accepted, kgate::dump_json(model_json(k->model())));
+      res.set(http::field::location, base + "api/kernels/" + id);
+      respond(std::move(res));
+    });
+  }
+  auto done = [&server, respond, keep_alive, version, base, chosen_id, answered](StartResult r) {
+    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, chosen_id, &server, answered] {
+      if (*answered) return;  // answered 202 already; the kernel's model tells the rest
+      *answered = true;
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);
@@ -261,7 +337,8 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
     });
   };
   // A pooled kernel has its id already: a start with the client's id is a cold one (DEV.md §4b).
-  if (!chosen_id.empty()) return server.manager().start(std::move(sr), std::move(done));
+  // The pool's kernels are local ones.
+  if (!chosen_id.empty() || remote) return server.manager().start(std::move(sr), std::move(done));
   server.pool().start(std::move(sr), std::move(done));
 }
 

@@ -7,6 +7,10 @@
 #include <set>
 #include <sstream>
 
+#include <arpa/inet.h>
+
+#include <algorithm>
+
 #include <toml++/toml.h>
 
 #include "kgate/connection.hpp"
@@ -48,6 +52,49 @@ struct Reader {
   }
 };
 
+// [launchers.NAME]: kind = "slurm" (or "ssh", not launchable yet), the sbatch options,
+// sbatch_args, kgate_path, connection_dir, allow_override.
+void read_launcher(const Reader& r, const std::string& name, const toml::node& node, GatewayOptions& opts) {
+  const std::string base = "launchers." + name;
+  auto t = node.as_table();
+  if (!t) r.fail(base, "must be a table: [launchers." + name + "] with kind = \"slurm\"");
+  if (name == "local" || name.empty() || name.size() > 64 ||
+      !std::all_of(name.begin(), name.end(), [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '_'; }))
+    r.fail(base, "a launcher's name is 1 to 64 letters, digits, - or _, and not \"local\" (the default)");
+  auto l = std::make_shared<LauncherConfig>();
+  l->name = name;
+  std::error_code ec;
+  l->kgate_path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  bool have_kind = false;
+  for (auto& entry : *t) {
+    const toml::node& v = entry.second;
+    std::string key(entry.first.str());
+    std::string full = base + "." + key;
+    if (key == "kind") {
+      std::string k = r.str(v, full);
+      if (k == "slurm") l->kind = LauncherConfig::Kind::slurm;
+      else if (k == "ssh") l->kind = LauncherConfig::Kind::ssh;
+      else r.fail(full, "must be \"slurm\" or \"ssh\"");
+      have_kind = true;
+    } else if (std::find(LauncherConfig::slurm_keys().begin(), LauncherConfig::slurm_keys().end(), key) !=
+               LauncherConfig::slurm_keys().end()) {
+      if (key == "cpus") l->slurm[key] = std::to_string(r.integer(v, full, 1, 100000));
+      else l->slurm[key] = r.str(v, full);
+    } else if (key == "sbatch_args") l->sbatch_args = r.strings(v, full);
+    else if (key == "kgate_path") l->kgate_path = r.str(v, full);
+    else if (key == "connection_dir") l->connection_dir = r.str(v, full);
+    else if (key == "allow_override") {
+      l->allow_override = r.strings(v, full);
+      for (const auto& o : l->allow_override)
+        if (std::find(LauncherConfig::slurm_keys().begin(), LauncherConfig::slurm_keys().end(), o) ==
+            LauncherConfig::slurm_keys().end())
+          r.fail(full, "\"" + o + "\" cannot be overridden (these can: partition, time, gres, account, cpus, mem)");
+    } else r.fail(full, "unknown key");
+  }
+  if (!have_kind) r.fail(base, "needs kind = \"slurm\" (or \"ssh\")");
+  opts.launchers[name] = std::move(l);
+}
+
 }  // namespace
 
 void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
@@ -65,10 +112,14 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   for (auto& [section_key, section_node] : tbl) {
     std::string section(section_key.str());
     auto sec = section_node.as_table();
-    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
+    if (!sec) r.fail(section, "must be a table ([server], [limits], [kernel], [records], [discovery], [culling], [pool], [remote] or [launchers.NAME])");
+    if (section == "launchers") {
+      for (auto& [lname, lnode] : *sec) read_launcher(r, std::string(lname.str()), lnode, opts);
+      continue;
+    }
     if (section != "server" && section != "limits" && section != "kernel" && section != "records" &&
-        section != "discovery" && section != "culling" && section != "pool")
-      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery], [culling] or [pool])");
+        section != "discovery" && section != "culling" && section != "pool" && section != "remote")
+      r.fail(section, "unknown section (expected [server], [limits], [kernel], [records], [discovery], [culling], [pool], [remote] or [launchers.NAME])");
     for (auto& entry : *sec) {
       const toml::node& node = entry.second;  // not a structured binding: lambdas below capture it
       std::string key(entry.first.str());
@@ -182,6 +233,18 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "cull_interval") c.interval = std::chrono::seconds(r.integer(node, full, 1, 86400));
         else if (key == "cull_connected") c.connected = r.boolean(node, full);
         else if (key == "cull_busy") c.busy = r.boolean(node, full);
+        else r.fail(full, "unknown key");
+      } else if (section == "remote") {
+        if (key == "registration_ip") {
+          opts.kernel.registration_ip = r.str(node, full);
+          in_addr a{};
+          if (::inet_pton(AF_INET, opts.kernel.registration_ip.c_str(), &a) != 1)
+            r.fail(full, "must be an IPv4 address of this host that the nodes reach");
+        } else if (key == "registration_port") opts.kernel.registration_port = int(r.integer(node, full, 0, 65535));
+        else if (key == "registration_timeout_seconds")
+          opts.kernel.registration_timeout = std::chrono::seconds(r.integer(node, full, 5, 86400));
+        else if (key == "scheduler_poll_ms")
+          opts.kernel.scheduler_poll = std::chrono::milliseconds(r.integer(node, full, 200, 600000));
         else r.fail(full, "unknown key");
       } else if (section == "pool") {
         using Pool = GatewayOptions::Pool;

@@ -6,11 +6,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "discovery_api.hpp"
 #include "kgate/jobs.hpp"
+#include "kgate/launcher.hpp"
+#include "kgate/process.hpp"
 #include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
 #include "observe_page.hpp"
@@ -500,6 +503,31 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
     json body = server.pool().status();
     body["max_kernels"] = server.options().max_kernels;
     return respond(json_response(req, http::status::ok, dump_json(body)));
+  }
+  if (n == 3 && parts[2] == "launchers") {  // remote launchers and whether each works now (DEV.md §4f)
+    if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
+    // Probing runs the scheduler's commands (squeue): on a thread of its own, never the Asio one.
+    std::vector<LauncherPtr> ls;
+    for (const auto& [name, l] : server.options().launchers) ls.push_back(l);
+    Request fake;
+    fake.version(req.version());
+    fake.keep_alive(req.keep_alive());
+    std::thread([&server, ls = std::move(ls), fake = std::move(fake), respond]() mutable {
+      block_async_signals_in_this_thread();
+      json list = json::array();
+      list.push_back({{"name", "local"}, {"kind", "local"}, {"usable", true}, {"default", true}});
+      for (const auto& l : ls) {
+        auto st = probe_launcher(*l);
+        json j = {{"name", l->name}, {"kind", l->kind_name()}, {"usable", st.usable},
+                  {"options", l->slurm}, {"allow_override", l->allow_override}};
+        if (!st.usable) j["reason"] = st.reason;
+        list.push_back(std::move(j));
+      }
+      net::post(server.ioc(), [fake = std::move(fake), respond, list = std::move(list)] {
+        respond(json_response(fake, http::status::ok, dump_json(json{{"launchers", list}})));
+      });
+    }).detach();
+    return;
   }
   if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
     return respond(json_error(req, http::status::service_unavailable,

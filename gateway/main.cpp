@@ -15,6 +15,7 @@
 #include "cli_remote.hpp"
 #include "cli_stop.hpp"
 #include "config.hpp"
+#include "kgate/launcher.hpp"
 #include "kgate/version.hpp"
 #include "proxy_kernel.hpp"
 #include "server.hpp"
@@ -130,7 +131,14 @@ int main(int argc, char** argv) {
   kspec->add_option("--url", kspec_opts.url, "Always use this gateway (a URL or a gateways.toml name)");
   kspec->add_flag("--force", kspec_opts.force, "Replace a different kernelspec of the same name");
 
+  // The node side of a remote launcher (DEV.md §4f): run by the Slurm job or over SSH, not by hand.
+  auto* node_launch = app.add_subcommand("node-launch", "Start a kernel on this node for a kgate (a launch spec)");
+  node_launch->group("");
+  std::string node_spec;
+  node_launch->add_option("spec", node_spec, "The launch spec kgate wrote")->required();
+
   CLI11_PARSE(app, argc, argv);
+  if (node_launch->parsed()) return kgate::node_launch(node_spec);
 
   auto logger = spdlog::stderr_color_mt("kgate");
   spdlog::set_default_logger(logger);

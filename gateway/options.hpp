@@ -58,6 +58,9 @@ struct GatewayOptions {
   KernelOptions kernel;
   RecordLimits records;
 
+  // Remote launchers (DEV.md §4f), [launchers.NAME] of kgate.toml; "local" is implicit.
+  std::map<std::string, LauncherPtr> launchers;
+
   // Kernel discovery (DEV.md "Kernel discovery").
   struct Discovery {
     bool interpreters = true;                          // offer each Python env with ipykernel

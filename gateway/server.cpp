@@ -49,6 +49,7 @@ Server::Server(GatewayOptions opts)
   ensure_private_dir(opts_.runtime_dir);
   // Kernels an earlier kgate left running (DEV.md §4e): their files are not stale.
   opts_.kernel.table_dir = opts_.state_dir / "kernels";
+  opts_.kernel.remote_dir = opts_.state_dir / "remote";
   KernelTable::Loaded table = KernelTable(opts_.kernel.table_dir).load();
   for (const auto& p : table.problems) spdlog::warn("kernel table: {}", p);
   std::set<std::string> keep;

@@ -1,7 +1,10 @@
 // Connection files, Jupyter directory lookup and random identifiers (RAND_bytes).
 #include "kgate/connection.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -355,5 +358,30 @@ void ensure_private_dir(const fs::path& dir) {
 
 std::string new_uuid() { return format_uuid(true); }
 std::string new_hex_id() { return format_uuid(false); }
+
+std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid) {
+  std::vector<int> ports;
+  std::vector<int> fds;
+  for (int tries = 0; ports.size() < n && tries < 100; ++tries) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = 0;
+    if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      break;
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    fds.push_back(fd);
+    int port = ntohs(a.sin_port);
+    if (!avoid.count(port)) ports.push_back(port);
+  }
+  for (int fd : fds) ::close(fd);
+  if (ports.size() < n) throw std::runtime_error("cannot reserve TCP ports for a kernel on " + ip);
+  return ports;
+}
 
 }  // namespace kgate

@@ -105,10 +105,25 @@ KernelModel Kernel::model() const {
   m.last_activity = last_activity_ ? iso_time(*last_activity_) : std::string();
   m.connections = connections_.load();
   m.reason = reason_;
+  m.placement = placement_;
   m.responsive = responsive_ && state_ != "dead";
   if (!responsive_ && state_ != "dead")
     m.silent_seconds = std::chrono::duration<double>(Clock::now() - silent_since_).count();
   return m;
+}
+
+void Kernel::update_placement(const json& fields) {
+  std::lock_guard lk(mu_);
+  if (!placement_.is_object()) placement_ = json::object();
+  for (const auto& [key, value] : fields.items()) {
+    if (value.is_null()) placement_.erase(key);
+    else placement_[key] = value;
+  }
+}
+
+json Kernel::placement() const {
+  std::lock_guard lk(mu_);
+  return placement_;
 }
 
 std::string Kernel::execution_state() const {
@@ -235,34 +250,6 @@ std::string reply_type(const std::string& request_type) {
   return request_type + "_reply";
 }
 
-// Binds `n` loopback TCP sockets to port 0 together (so the ports are distinct), reads the
-// ports and closes them.  Ports in `avoid` are skipped.  The kernel binds them shortly after;
-// a collision in that window shows up as an early exit, which relaunches on fresh ports.
-std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid) {
-  std::vector<int> ports;
-  std::vector<int> fds;
-  for (int tries = 0; ports.size() < n && tries < 100; ++tries) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = 0;
-    if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      break;
-    }
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    fds.push_back(fd);
-    int port = ntohs(a.sin_port);
-    if (!avoid.count(port)) ports.push_back(port);
-  }
-  for (int fd : fds) ::close(fd);
-  if (ports.size() < n) throw std::runtime_error("cannot reserve TCP ports for a kernel on " + ip);
-  return ports;
-}
-
 }  // namespace
 
 struct KernelIo {
@@ -345,6 +332,14 @@ struct KernelIo {
   std::uint64_t hb_seq = 0;
   std::chrono::steady_clock::time_point hb_silent_since;  // the first unanswered ping
 
+  // A remote launcher's kernel (DEV.md §4f).
+  bool remote() const { return request.launcher != nullptr; }
+  std::string reg_secret;             // the one-time registration secret; "" once registered
+  std::set<std::string> reg_nonces;   // msg_ids of the registrations tried with it
+  std::string slurm_job;              // its Slurm job id, once sbatch answered
+  Clock::time_point running_since{};  // its job RUNNING, not registered: registration_timeout runs
+  std::filesystem::path spec_file;    // the launch spec (the node removes it once read)
+
   bool sockets_open() const { return shell != nullptr; }
 
   // Sockets to read on the next pass without waiting for their ZMQ_FD (poll_once), one bit per
@@ -397,6 +392,31 @@ struct KernelManager::Impl {
   std::uint64_t timer_seq = 0;
   std::set<int> reserved_ports;
   std::uint64_t dropped_invalid = 0;
+
+  // Remote launchers (DEV.md §4f): the registration ROUTER (bound at the first remote start),
+  // the scheduler poll, and the worker threads that run the scheduler's commands (sbatch,
+  // squeue, scancel block; kgate-io never waits on them).
+  std::unique_ptr<zmq::socket_t> reg;
+  std::string reg_endpoint;
+  bool reg_recheck = false;
+  bool sched_timer = false, sched_out = false;
+  std::atomic<int> workers{0};
+  void spawn(std::function<void()> fn) {
+    ++workers;
+    std::thread([this, fn = std::move(fn)] {
+      block_async_signals_in_this_thread();
+      fn();
+      --workers;
+    }).detach();
+  }
+  void ensure_registration();
+  void launch_remote(KernelIo& k);
+  void on_registration();
+  void registered(KernelIo& k, const json& c, const std::string& secret);
+  void scheduler_arm();
+  void scheduler_tick();
+  void on_scheduler(const std::vector<std::string>& jobs,
+                    const std::optional<std::vector<SlurmJobState>>& res, const std::string& why);
 
   void post(std::function<void()> fn) {
     {
@@ -459,6 +479,10 @@ struct KernelManager::Impl {
 // Launch and readiness
 
 void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
+  if (k.remote()) {
+    launch_remote(k);
+    return;
+  }
   ++k.epoch;
   ++k.attempts;
   if (fresh_ports || k.conn.shell_port == 0) {
@@ -1075,6 +1099,12 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
   switch (k.phase) {
     case Phase::launching:
     case Phase::restarting:
+      if (k.remote()) {  // a new job would fail the same way: say why, with the job's log
+        fail_start(k, "the kernel " + how + " during startup on " +
+                          k.kernel->placement().value("host", std::string("its node")) + " (see " +
+                          k.kernel->placement().value("log", std::string("the job's log")) + ")");
+        return;
+      }
       if (k.attempts < opts.launch_attempts) {
         spdlog::warn("kernel {}: exited during startup ({}); relaunching on fresh ports", id, how);
         try {
@@ -1092,6 +1122,13 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
         spdlog::warn("kernel {}: pooled kernel {}; removed", id, how);
         finish_removal(k);
         return;
+      }
+      if (!k.slurm_job.empty()) {
+        // The scheduler's word on why (TIMEOUT, PREEMPTED, NODE_FAIL, CANCELLED): one scontrol,
+        // bounded at 10 s, on kgate-io (a kernel's death is rare; its records need the reason now).
+        std::string sched = slurm_end_reason(k.slurm_job);
+        how += "; Slurm job " + k.slurm_job + (sched.empty() ? " ended" : ": " + sched);
+        if (!sched.empty()) k.kernel->update_placement({{"state", sched.substr(0, sched.find(' '))}});
       }
       spdlog::error("kernel {}: died ({})", id, how);
       close_sockets(k);
@@ -1198,6 +1235,14 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
   }
   remove_owner_file(runtime_dir, id);
   table.remove(id);
+  if (k.remote()) {
+    std::filesystem::remove(k.spec_file, ec);
+    if (!k.slurm_job.empty()) {  // its steps and whatever is left of it: the allocation goes
+      spawn([job = k.slurm_job, id] {
+        if (auto err = slurm_cancel(job); !err.empty()) spdlog::warn("kernel {}: {}", id, err);
+      });
+    }
+  }
   io.erase(id);  // k is gone from here on
   spdlog::info("kernel {}: removed", id);
   if (kernel->pooled()) {
@@ -1254,6 +1299,332 @@ bool KernelManager::Impl::cull_now(KernelIo& k, const CullRequest& req) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Remote launchers (DEV.md §4f)
+
+namespace {
+
+// header.date ("2026-12-05T07:00:00.123456Z", or with an offset of +00:00) as a time point;
+// nullopt when it is not that.
+std::optional<std::chrono::system_clock::time_point> parse_header_date(const std::string& d) {
+  int y, mo, da, h, mi;
+  double sec;
+  if (std::sscanf(d.c_str(), "%d-%d-%dT%d:%d:%lf", &y, &mo, &da, &h, &mi, &sec) != 6) return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = y - 1900;
+  tm.tm_mon = mo - 1;
+  tm.tm_mday = da;
+  tm.tm_hour = h;
+  tm.tm_min = mi;
+  tm.tm_sec = 0;
+  const time_t t = ::timegm(&tm);
+  if (t == static_cast<time_t>(-1)) return std::nullopt;
+  return std::chrono::system_clock::from_time_t(t) +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(sec));
+}
+
+bool slurm_state_live(const std::string& st) {
+  static const std::set<std::string> live = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING",
+                                             "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                                             "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"};
+  return live.count(st) > 0;
+}
+
+}  // namespace
+
+void KernelManager::Impl::ensure_registration() {
+  if (reg) return;
+  auto s = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::router);
+  s->set(zmq::sockopt::linger, 0);
+  s->set(zmq::sockopt::maxmsgsize, std::int64_t{64} << 10);  // a registration is a few hundred bytes
+  const std::string port = opts.registration_port > 0 ? std::to_string(opts.registration_port) : "*";
+  try {
+    s->bind("tcp://" + opts.registration_ip + ":" + port);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("cannot bind the registration endpoint on " + opts.registration_ip + ":" + port +
+                             " ([remote] registration_ip/registration_port): " + e.what());
+  }
+  reg_endpoint = s->get(zmq::sockopt::last_endpoint);
+  reg = std::move(s);
+  spdlog::info("remote launchers register at {}", reg_endpoint);
+}
+
+void KernelManager::Impl::launch_remote(KernelIo& k) {
+  ++k.epoch;
+  ++k.attempts;
+  const LauncherConfig& l = *k.request.launcher;
+  if (l.kind != LauncherConfig::Kind::slurm)
+    throw std::runtime_error("launcher " + l.name + ": kind \"" + l.kind_name() + "\" is not supported yet");
+  ensure_registration();
+  close_sockets(k);
+  k.reg_secret = new_hex_id() + new_hex_id();  // 256 bits, for this launch only
+  k.reg_nonces.clear();
+  k.slurm_job.clear();
+  k.running_since = {};
+  k.stall_relaunched = true;  // no stall relaunch: that would be another job
+  k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
+  const std::string id = k.kernel->id();
+  ensure_private_dir(opts.remote_dir);
+  k.spec_file = opts.remote_dir / (id + "-" + std::to_string(k.attempts) + ".json");
+  const std::filesystem::path log = opts.remote_dir / (id + ".log");
+  const KernelSpec& spec = k.kernel->spec();
+  auto here = current_environment();
+  json env = json::object();
+  for (const auto& [name, value] : spec.env) env[name] = expand_env(value, here);
+  for (const auto& [name, value] : k.request.env) env[name] = value;
+  json argv = json::array();
+  for (auto arg : spec.argv) {
+    const std::string key = "{resource_dir}", val = spec.resource_dir.string();
+    for (auto pos = arg.find(key); pos != std::string::npos; pos = arg.find(key, pos + val.size()))
+      arg.replace(pos, key.size(), val);
+    argv.push_back(arg);
+  }
+  json launch = {{"format", "kgate-node-launch"},
+                 {"version", 1},
+                 {"kernel_id", id},
+                 {"attempt", k.attempts},
+                 {"registration", reg_endpoint},
+                 {"secret", k.reg_secret},
+                 {"key", k.conn.key},
+                 {"signature_scheme", k.conn.signature_scheme},
+                 {"kernel_name", spec.name},
+                 {"argv", argv},
+                 {"env", env},
+                 {"cwd", k.request.cwd.string()},
+                 {"connection_dir", l.connection_dir.string()},
+                 {"orphan_timeout_ms", opts.orphan_timeout.count()},
+                 {"terminate_grace_ms", opts.terminate_grace.count()}};
+  write_file_atomically(k.spec_file, launch.dump());
+  k.kernel->update_placement({{"launcher", l.name},
+                              {"kind", l.kind_name()},
+                              {"state", "SUBMITTING"},
+                              {"job_id", nullptr},
+                              {"reason", nullptr},
+                              {"host", nullptr},
+                              {"log", log.string()}});
+  auto argv_sbatch = sbatch_argv(l, id, k.spec_file, log);
+  const auto epoch = k.epoch;
+  spdlog::info("kernel {}: submitting to Slurm (launcher {}, attempt {})", id, l.name, k.attempts);
+  spawn([this, id, epoch, argv_sbatch] {
+    auto r = slurm_submit(argv_sbatch);
+    post([this, id, epoch, r] {
+      KernelIo* kk = find(id);
+      if (!kk || kk->epoch != epoch || !kk->remote()) {  // deleted (or relaunched) meanwhile
+        if (!r.job_id.empty()) spawn([job = r.job_id] { slurm_cancel(job); });
+        return;
+      }
+      if (r.job_id.empty()) {
+        fail_start(*kk, r.error);
+        return;
+      }
+      kk->slurm_job = r.job_id;
+      kk->kernel->update_placement({{"job_id", r.job_id}, {"state", "PENDING"}});
+      spdlog::info("kernel {}: Slurm job {}", id, r.job_id);
+      scheduler_arm();
+    });
+  });
+}
+
+void KernelManager::Impl::scheduler_arm() {
+  if (sched_timer) return;
+  sched_timer = true;
+  after(opts.scheduler_poll, [this] {
+    sched_timer = false;
+    scheduler_tick();
+  });
+}
+
+void KernelManager::Impl::scheduler_tick() {
+  std::vector<std::string> jobs;
+  for (auto& [id, kp] : io)
+    if (kp->remote() && !kp->slurm_job.empty() && kp->phase != Phase::dead) jobs.push_back(kp->slurm_job);
+  if (jobs.empty()) return;
+  scheduler_arm();
+  if (sched_out) return;  // one squeue at a time
+  sched_out = true;
+  spawn([this, jobs] {
+    std::string why;
+    auto res = slurm_query(jobs, &why);
+    post([this, jobs, res, why] {
+      sched_out = false;
+      on_scheduler(jobs, res, why);
+    });
+  });
+}
+
+void KernelManager::Impl::on_scheduler(const std::vector<std::string>& jobs,
+                                       const std::optional<std::vector<SlurmJobState>>& res,
+                                       const std::string& why) {
+  if (!res) {
+    spdlog::warn("scheduler poll: {}", why);
+    return;
+  }
+  std::map<std::string, SlurmJobState> by_id;
+  for (const auto& j : *res) by_id[j.job_id] = j;
+  const auto now = Clock::now();
+  std::vector<std::string> ids;
+  for (auto& [id, kp] : io) ids.push_back(id);
+  for (const auto& id : ids) {
+    KernelIo* k = find(id);
+    if (!k || !k->remote() || k->slurm_job.empty() ||
+        std::find(jobs.begin(), jobs.end(), k->slurm_job) == jobs.end())
+      continue;
+    auto it = by_id.find(k->slurm_job);
+    const std::string state = it == by_id.end() ? "GONE" : it->second.state;
+    json fields = {{"state", state}};
+    if (it != by_id.end()) {
+      const std::string& reason = it->second.reason;
+      fields["reason"] = reason.empty() || reason == "None" ? json(nullptr) : json(reason);
+      if (!it->second.node.empty() && it->second.node != "(null)") fields["node"] = it->second.node;
+    }
+    k->kernel->update_placement(fields);
+    if (k->reg_secret.empty()) continue;  // registered: the control link tells of its end
+    const std::string log = k->kernel->placement().value("log", std::string());
+    if (!slurm_state_live(state)) {
+      std::string reason = it == by_id.end() ? "" : it->second.reason;
+      fail_start(*k, "Slurm job " + k->slurm_job + " ended before its kernel registered: " + state +
+                         (reason.empty() || reason == "None" ? "" : " (" + reason + ")") + "; see " + log);
+      continue;
+    }
+    if (state == "RUNNING") {
+      if (k->running_since == Clock::time_point{}) k->running_since = now;
+      else if (now - k->running_since > opts.registration_timeout)
+        fail_start(*k, "Slurm job " + k->slurm_job + " runs, but its launcher did not register within " +
+                           std::to_string(opts.registration_timeout.count() / 1000) + " s; see " + log);
+    }
+  }
+}
+
+void KernelManager::Impl::on_registration() {
+  reg_recheck = false;
+  for (int n = 0; reg; ++n) {
+    if (n == 64) {  // the rest on the next pass: kernels' sockets get their turn
+      reg_recheck = true;
+      return;
+    }
+    std::vector<zmq::message_t> parts;
+    zmq::message_t part;
+    if (!reg->recv(part, zmq::recv_flags::dontwait)) return;
+    bool more = part.more();
+    parts.push_back(std::move(part));
+    while (more && parts.size() < 32) {
+      zmq::message_t p2;
+      if (!reg->recv(p2, zmq::recv_flags::dontwait)) break;
+      more = p2.more();
+      parts.push_back(std::move(p2));
+    }
+    if (parts.size() < 7) continue;  // not a Jupyter message: nothing to answer
+    std::vector<std::string_view> views;
+    for (auto& p : parts) views.emplace_back(static_cast<const char*>(p.data()), p.size());
+    const std::string identity(views[0]);
+    auto answer = [&](const Signer& signer, const std::string& status, const std::string& reason) {
+      WireMessage w;
+      w.identities = {identity};
+      w.header = make_header(kRegisterReplyType, "kgate").dump();
+      w.parent_header = "{}";
+      w.metadata = "{}";
+      w.content = json{{"status", status}, {"reason", reason}}.dump();
+      auto frames = encode(w, signer);
+      for (std::size_t i = 0; i < frames.size(); ++i)
+        (void)reg->send(zmq::buffer(frames[i]),
+                        (i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none) |
+                            zmq::send_flags::dontwait);
+      reg_recheck = true;  // a send may have taken in the next message's signal
+    };
+    // Which kernel it claims to be, unverified: only to pick the secret to verify it with.
+    std::size_t delim = 0;  // [identity, delimiter, signature, header, ...]
+    while (delim < views.size() && views[delim] != "<IDS|MSG>") ++delim;
+    if (delim + 2 >= views.size()) continue;
+    json peek = json::parse(views[delim + 2], nullptr, false);
+    const std::string id = peek.is_object() && peek.contains("session") && peek["session"].is_string()
+                               ? peek["session"].get<std::string>() : std::string();
+    KernelIo* k = find(id);
+    static const Signer unsigned_signer;
+    if (!k || !k->remote() || k->reg_secret.empty()) {
+      spdlog::warn("registration refused: no registration is expected for kernel '{}' (unknown, or registered already)",
+                   id.substr(0, 64));
+      answer(unsigned_signer, "error", "no registration is expected for this kernel");
+      continue;
+    }
+    Signer signer(k->reg_secret);
+    WireMessage w;
+    DecodeLimits lim;
+    lim.max_message_bytes = std::size_t{64} << 10;
+    if (auto ec = decode(views, signer, w, lim, /*validate_json=*/true); ec) {
+      spdlog::warn("kernel {}: registration refused: {} (forged, or not signed with this kernel's secret)", id,
+                   ec.message());
+      answer(unsigned_signer, "error", "bad signature");
+      continue;
+    }
+    json h = json::parse(w.header, nullptr, false);
+    json c = json::parse(w.content, nullptr, false);
+    std::string refuse;
+    const std::string nonce = h.value("msg_id", std::string());
+    auto date = parse_header_date(h.value("date", std::string()));
+    const auto skew = date ? std::chrono::abs(std::chrono::system_clock::now() - *date) : std::chrono::system_clock::duration::max();
+    auto port_ok = [&](const char* key) {
+      return c.contains(key) && c[key].is_number_integer() && c[key].get<int>() > 0 && c[key].get<int>() < 65536;
+    };
+    if (h.value("msg_type", std::string()) != kRegisterType) refuse = "not a " + std::string(kRegisterType) + " message";
+    else if (nonce.empty() || k->reg_nonces.count(nonce)) refuse = "replayed (its nonce was used already)";
+    else if (!date || skew > kRegistrationMaxSkew)
+      refuse = "late: its date is more than " + std::to_string(kRegistrationMaxSkew.count()) + " s from kgate's clock";
+    else if (!c.is_object() || c.value("kernel_id", std::string()) != id) refuse = "it names another kernel";
+    else if (c.value("attempt", -1) != k->attempts) refuse = "it is for an earlier launch of this kernel";
+    else if (!c.contains("ip") || !c["ip"].is_string()) refuse = "no ip";
+    else {
+      for (const char* key : {"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "control_link_port"})
+        if (!port_ok(key)) refuse = std::string("no valid ") + key;
+    }
+    if (!nonce.empty()) k->reg_nonces.insert(nonce);
+    if (!refuse.empty()) {
+      spdlog::warn("kernel {}: registration refused: {}", id, refuse);
+      answer(signer, "error", refuse);
+      continue;
+    }
+    std::string secret = std::move(k->reg_secret);
+    k->reg_secret.clear();  // one registration per secret: a replay finds nothing to register
+    answer(signer, "ok", "");
+    registered(*k, c, secret);
+  }
+}
+
+void KernelManager::Impl::registered(KernelIo& k, const json& c, const std::string& /*secret*/) {
+  const std::string id = k.kernel->id();
+  k.conn.ip = c["ip"].get<std::string>();
+  k.conn.shell_port = c["shell_port"].get<int>();
+  k.conn.iopub_port = c["iopub_port"].get<int>();
+  k.conn.stdin_port = c["stdin_port"].get<int>();
+  k.conn.control_port = c["control_port"].get<int>();
+  k.conn.hb_port = c["hb_port"].get<int>();
+  const std::string host = c.value("hostname", std::string());
+  k.kernel->update_placement({{"host", host}, {"ip", k.conn.ip}});
+  try {
+    write_connection_file(k.file, k.conn);  // kgate's copy: attach from this host
+    write_owner_file(runtime_dir, id);
+  } catch (const std::exception& e) {
+    spdlog::warn("kernel {}: {}", id, e.what());
+  }
+  auto hello = ChildProcess::connect_node(k.conn.ip, c["control_link_port"].get<int>(), k.conn.key, id, 5000);
+  if (hello.fd < 0) {
+    fail_start(k, "the node launcher on " + host + " (" + k.conn.ip + ":" +
+                      std::to_string(c["control_link_port"].get<int>()) + "): " + hello.why);
+    return;
+  }
+  k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
+  k.kernel->set_process(k.proc.pid(), k.file, k.conn);
+  spdlog::info("kernel {}: registered from {} ({}), pid {}{}", id, host, k.conn.ip, hello.pid,
+               k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
+  open_sockets(k);
+  k.ready_reply = false;
+  k.iopub_seen = false;
+  k.info_sent = 0;
+  k.readiness_ids.clear();
+  k.ready_deadline = Clock::now() + opts.ready_timeout;
+  k.stall_deadline = k.ready_deadline;
+  send_kernel_info(k);
+}
+
+// ---------------------------------------------------------------------------------------
 // The loop
 
 void KernelManager::Impl::run() {
@@ -1289,13 +1660,17 @@ void KernelManager::Impl::run() {
 void KernelManager::Impl::poll_once() {
   struct Slot {
     std::string id;
-    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration
   };
   std::vector<pollfd> fds;
   std::vector<Slot> slots;
   std::vector<std::pair<std::string, std::uint8_t>> rechecks;
   fds.push_back({wake_fd, POLLIN, 0});
   slots.push_back({{}, 6});
+  if (reg) {
+    fds.push_back({reg->get(zmq::sockopt::fd), POLLIN, 0});
+    slots.push_back({{}, 8});
+  }
   for (auto& [id, kp] : io) {
     KernelIo& k = *kp;
     if (k.sockets_open()) {
@@ -1327,7 +1702,7 @@ void KernelManager::Impl::poll_once() {
   for (auto& [id, kp] : io)
     if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
   if (have_nopidfd) timeout = std::min(timeout, 100L);
-  if (!rechecks.empty()) timeout = 0;
+  if (!rechecks.empty() || reg_recheck) timeout = 0;
 
   // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
   // ready; the rechecks still run.
@@ -1361,10 +1736,15 @@ void KernelManager::Impl::poll_once() {
       read_socket(*k, kind);
     }
   }
+  if (reg_recheck) on_registration();
   if (rc <= 0) return;
   for (std::size_t i = 0; i < fds.size(); ++i) {
     if (!fds[i].revents) continue;
     const Slot& s = slots[i];
+    if (s.kind == 8) {
+      on_registration();
+      continue;
+    }
     if (s.kind == 6) {
       std::uint64_t v;
       [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
@@ -1398,6 +1778,8 @@ KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_d
 
 KernelManager::~KernelManager() {
   shutdown_all();
+  // Scheduler commands still out (a scancel at a DELETE): each is bounded (run()'s timeout).
+  for (int i = 0; i < 3000 && impl_->workers.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->stopping = true;
   impl_->post([] {});
   if (impl_->thread.joinable()) impl_->thread.join();
@@ -1406,6 +1788,7 @@ KernelManager::~KernelManager() {
 
 void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
   if (!table.enabled() || !k.proc.supervised()) return;  // a direct child cannot outlive kgate
+  if (k.remote()) return;  // not re-adopted yet (DEV.md §4f): shut down with kgate instead
   KernelTableEntry e;
   e.id = k.kernel->id();
   e.pooled = k.kernel->pooled();
@@ -1449,7 +1832,8 @@ std::size_t KernelManager::detach_all() {
     std::size_t n = 0;
     for (auto it = m.io.begin(); it != m.io.end();) {
       KernelIo& k = *it->second;
-      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout) {
+      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout ||
+          k.remote()) {
         ++it;
         continue;
       }

@@ -2,6 +2,7 @@
 #include "kgate/process.hpp"
 
 #include "kgate/connection.hpp"
+#include "kgate/supervisor.hpp"
 
 #include <cerrno>
 #include <chrono>
@@ -20,6 +21,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -370,6 +374,8 @@ ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_tim
   return c;
 }
 
+static ChildProcess::SupervisorHello read_hello(int fd, std::string rest, int timeout_ms);
+
 ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms) {
   SupervisorHello h;
   sockaddr_un a{};
@@ -391,6 +397,14 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
     ::close(fd);
     return h;
   }
+  return read_hello(fd, {}, timeout_ms);
+}
+
+// The "pid <pid> <start>" line a supervisor sends a kgate it accepted; `rest` is what was read
+// past an earlier line.  Closes `fd` on failure.
+static ChildProcess::SupervisorHello read_hello(int fd, std::string rest, int timeout_ms) {
+  ChildProcess::SupervisorHello h;
+  h.rest = std::move(rest);
   std::string line;
   if (!read_line(fd, h.rest, line, timeout_ms)) {
     h.why = "its supervisor did not answer";
@@ -407,6 +421,63 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
   h.pid = static_cast<pid_t>(pid);
   h.start_time = start;
   return h;
+}
+
+ChildProcess::SupervisorHello ChildProcess::connect_node(const std::string& ip, int port,
+                                                       const std::string& key,
+                                                       const std::string& kernel_id, int timeout_ms) {
+  SupervisorHello h;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (port <= 0 || port > 65535 || ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) {
+    h.why = "not an IPv4 address and port: " + ip + ":" + std::to_string(port);
+    return h;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 || !raise_fd(fd)) {
+    h.why = std::string("socket: ") + std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return h;
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  // Keepalive: a node that vanishes (power, network) is noticed without a write.
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  int idle = 30, intvl = 10, cnt = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno != EINPROGRESS) {
+    h.why = std::string("connect: ") + std::strerror(errno);
+    ::close(fd);
+    return h;
+  }
+  pollfd p{fd, POLLOUT, 0};
+  int err = 0;
+  socklen_t elen = sizeof err;
+  if (::poll(&p, 1, timeout_ms) != 1 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 || err != 0) {
+    h.why = "connect: " + std::string(err ? std::strerror(err) : "timed out");
+    ::close(fd);
+    return h;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::string rest, line;
+  if (!read_line(fd, rest, line, timeout_ms) || line.rfind("challenge ", 0) != 0) {
+    h.why = "the node launcher did not send its challenge";
+    ::close(fd);
+    return h;
+  }
+  std::string answer = "auth " + control_link_answer(key, kernel_id, line.substr(10)) + "\n";
+  if (::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(answer.size())) {
+    h.why = std::string("send: ") + std::strerror(errno);
+    ::close(fd);
+    return h;
+  }
+  // What came after the challenge (nothing, normally) goes before the hello.
+  SupervisorHello hello = read_hello(fd, std::move(rest), timeout_ms);
+  if (hello.fd < 0 && hello.why == "its supervisor did not answer") hello.why = "the node launcher refused the control link's answer";
+  return hello;
 }
 
 void ChildProcess::tell_supervisor(const std::string& line) {

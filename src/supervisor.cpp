@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "kgate/connection.hpp"
+#include "kgate/wire.hpp"
 #include "kgate/process.hpp"
 
 extern char** environ;
@@ -28,6 +29,17 @@ namespace kgate {
 
 std::string supervisor_socket_name(const std::string& kernel_id) {
   return "kgate-supervise/" + std::to_string(::getuid()) + "/" + kernel_id;
+}
+
+std::string control_link_answer(const std::string& key, const std::string& kernel_id,
+                                const std::string& challenge) {
+  return Signer(key).sign("kgate-control", kernel_id, challenge, "");
+}
+
+bool control_link_check(const std::string& key, const std::string& kernel_id,
+                        const std::string& challenge, const std::string& answer) {
+  if (key.empty()) return false;  // an unsigned link would let anyone in
+  return Signer(key).verify(answer, "kgate-control", kernel_id, challenge, "");
 }
 
 namespace {
@@ -56,7 +68,12 @@ bool write_line(int fd, const std::string& line) {
 struct Client {
   int fd;
   std::string in;
+  // A control-link peer (TCP) until it answered the challenge: not a kgate yet.
+  std::string challenge;
+  std::chrono::steady_clock::time_point deadline{};
 };
+
+constexpr auto kAuthTimeout = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -82,15 +99,21 @@ int supervise(const SuperviseOptions& o) {
   };
 
   // The socket a later kgate connects to: abstract (no file to leave behind, no path length
-  // limit), so every peer is checked to be this user.
-  const int lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (o.name.size() + 1 > sizeof addr.sun_path) return fail(0, ENAMETOOLONG);
-  std::memcpy(addr.sun_path + 1, o.name.data(), o.name.size());
-  const auto alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + o.name.size());
-  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), alen) != 0 || ::listen(lfd, 8) != 0)
-    return fail(0, errno);
+  // limit), so every peer is checked to be this user.  A node launcher has none: its kgate
+  // comes over the TCP control link.
+  int lfd = -1;
+  if (!o.name.empty()) {
+    lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (o.name.size() + 1 > sizeof addr.sun_path) return fail(0, ENAMETOOLONG);
+    std::memcpy(addr.sun_path + 1, o.name.data(), o.name.size());
+    const auto alen = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + o.name.size());
+    if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&addr), alen) != 0 || ::listen(lfd, 8) != 0)
+      return fail(0, errno);
+  }
+  const int tfd = o.tcp_listen_fd;
+  if (tfd >= 0) ::fcntl(tfd, F_SETFL, ::fcntl(tfd, F_GETFL) | O_NONBLOCK);
 
   LaunchOptions lo;
   lo.argv = o.argv;
@@ -109,6 +132,7 @@ int supervise(const SuperviseOptions& o) {
   const unsigned long long start = process_start_time(kernel.pid());
   const std::string hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(start);
   for (auto& c : clients) write_line(c.fd, hello);
+  const bool started_ok = !o.on_started || o.on_started(kernel.pid(), start);
 
   // No kgate connected since orphan_since (when orphaned); SIGKILL at kill_at (when killing).
   bool orphaned = clients.empty(), killing = false, terminating = false;
@@ -121,6 +145,7 @@ int supervise(const SuperviseOptions& o) {
     kill_at = Clock::now() + o.terminate_grace;
     killing = true;
   };
+  if (!started_ok) terminate("its registration failed");
 
   for (;;) {
     if (kernel.try_reap()) break;
@@ -140,16 +165,19 @@ int supervise(const SuperviseOptions& o) {
     if (killing) until(kill_at);
     if (orphaned && !terminating) until(orphan_since + o.orphan_timeout);
     if (kernel.exit_fd() < 0) until(now + std::chrono::milliseconds(100));
+    for (auto& c : clients)
+      if (!c.challenge.empty()) until(c.deadline);
 
     std::vector<pollfd> fds;
     fds.push_back({kernel.exit_fd(), POLLIN, 0});
     fds.push_back({sfd, POLLIN, 0});
     fds.push_back({lfd, POLLIN, 0});
+    fds.push_back({tfd, POLLIN, 0});
     for (auto& c : clients) fds.push_back({c.fd, POLLIN, 0});
     const std::size_t polled = clients.size();  // those accepted below have no slot in fds yet
     const int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(timeout, 1 << 30)));
     if (r < 0 && errno != EINTR) break;
-    if (r <= 0) continue;
+    if (r < 0) continue;
     if (fds[1].revents) {
       signalfd_siginfo si;
       while (::read(sfd, &si, sizeof si) == sizeof si) {
@@ -172,11 +200,21 @@ int supervise(const SuperviseOptions& o) {
         orphaned = false;
       }
     }
+    if (fds[3].revents) {
+      for (;;) {
+        const int cfd = ::accept4(tfd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (cfd < 0) break;
+        Client c{cfd, {}, new_hex_id(), Clock::now() + kAuthTimeout};
+        if (write_line(cfd, "challenge " + c.challenge)) clients.push_back(std::move(c));
+        else ::close(cfd);
+      }
+    }
     std::vector<Client> keep;
     for (std::size_t i = 0; i < clients.size(); ++i) {
       Client& c = clients[i];
       bool gone = false;
-      if (i < polled && fds[3 + i].revents) {
+      if (!c.challenge.empty() && Clock::now() >= c.deadline) gone = true;  // never answered
+      if (!gone && i < polled && fds[4 + i].revents) {
         char buf[256];
         const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) gone = true;
@@ -185,6 +223,18 @@ int supervise(const SuperviseOptions& o) {
         for (auto nl = c.in.find('\n'); !gone && nl != std::string::npos; nl = c.in.find('\n')) {
           std::string line = c.in.substr(0, nl);
           c.in.erase(0, nl + 1);
+          if (!c.challenge.empty()) {  // the control link's first line: the answer, or goodbye
+            if (line.rfind("auth ", 0) != 0 ||
+                !control_link_check(o.auth_key, o.kernel_id, c.challenge, line.substr(5))) {
+              say("kgate-supervise: %s: a control-link peer failed the challenge\n", o.kernel_id);
+              gone = true;
+              break;
+            }
+            c.challenge.clear();
+            write_line(c.fd, hello);
+            orphaned = false;
+            continue;
+          }
           int sig = 0;
           char scope[8] = {0};
           if (std::sscanf(line.c_str(), "signal %d %7s", &sig, scope) == 2 && sig > 0 && sig < 65) {
@@ -197,15 +247,17 @@ int supervise(const SuperviseOptions& o) {
       else keep.push_back(std::move(c));
     }
     clients.swap(keep);
-    if (clients.empty() && !orphaned) {
+    const bool any_kgate = std::any_of(clients.begin(), clients.end(), [](const Client& c) { return c.challenge.empty(); });
+    if (!any_kgate && !orphaned) {
       orphaned = true;
       orphan_since = Clock::now();
     }
   }
-  ::close(lfd);  // first: once a kgate reads the exit, nobody can connect any more
+  if (lfd >= 0) ::close(lfd);  // first: once a kgate reads the exit, nobody can connect any more
+  if (tfd >= 0) ::close(tfd);
   const std::string bye = "exit " + std::to_string(kernel.status());
   for (auto& c : clients) {
-    write_line(c.fd, bye);
+    if (c.challenge.empty()) write_line(c.fd, bye);
     ::close(c.fd);
   }
   return 0;

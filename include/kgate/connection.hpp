@@ -77,6 +77,12 @@ std::filesystem::path jupyter_runtime_dir();
 void ensure_private_dir(const std::filesystem::path& dir);
 // The kernelspec search path is kernelspec_search_dirs() in discovery.hpp.
 
+// Binds `n` TCP sockets on `ip` (loopback if it is not an IPv4 address) to port 0 together, so
+// the ports are distinct, reads the ports and closes them.  Ports in `avoid` are skipped.  The
+// kernel binds them shortly after; a collision in that window shows up as an early exit, which
+// relaunches on fresh ports.  Throws std::runtime_error when it cannot.
+std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid = {});
+
 // A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
 std::string new_uuid();
 // A random uuid4 without dashes (32 hex digits).

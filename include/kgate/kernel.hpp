@@ -17,6 +17,7 @@
 #include "kgate/connection.hpp"
 #include "kgate/kernel_table.hpp"
 #include "kgate/kernelspec.hpp"
+#include "kgate/launcher.hpp"
 #include "kgate/wire.hpp"
 
 namespace kgate {
@@ -91,6 +92,9 @@ struct KernelModel {
   // stopped or wedged process), true again at the next answer; false when dead.
   bool responsive = true;
   double silent_seconds = 0;    // when not responsive and alive: since the first unanswered ping
+  // Where it runs (DEV.md §4f): null for a local kernel; for a launcher's, an object with
+  // launcher, kind, host/node, and for Slurm job_id, state and reason.
+  json placement;
 };
 
 // One kernel.  Created and driven by KernelManager; the gateway reads its model (from any
@@ -137,6 +141,9 @@ class Kernel {
   // A re-adopted kernel's age counts from when the kgate before started it.
   void set_created(std::chrono::system_clock::time_point when);
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
+  // Merges `fields` into the placement (DEV.md §4f); null removes a field.
+  void update_placement(const json& fields);
+  json placement() const;
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
   void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t);
   // At hand-out: the kernel's age and idle time start now; it becomes visible.
@@ -160,6 +167,7 @@ class Kernel {
   std::filesystem::path connection_file_;
   ConnectionInfo conn_;
   int pid_ = -1;
+  json placement_;
   std::atomic<int> connections_{0};
   std::atomic<bool> pooled_{false};
 };
@@ -182,6 +190,15 @@ struct KernelOptions {
   std::chrono::milliseconds orphan_timeout{std::chrono::hours(1)};
   // The kernel table (DEV.md §4e): <state dir>/kernels; empty = none kept.
   std::filesystem::path table_dir;
+  // Remote launchers (DEV.md §4f): the registration endpoint's address (bound at the first
+  // remote start; port 0 = any) and where launch specs and job logs go (0700).
+  std::string registration_ip = "127.0.0.1";
+  int registration_port = 0;
+  std::filesystem::path remote_dir;
+  // A running job whose launcher has not registered within this long fails the start.
+  std::chrono::milliseconds registration_timeout{120000};
+  // How often queued and running Slurm jobs are looked up with squeue.
+  std::chrono::milliseconds scheduler_poll{2000};
 };
 
 // What POST /api/kernels asks for, after the gateway applied its policies.
@@ -198,6 +215,8 @@ struct StartRequest {
   // removed while still pooled.
   bool pooled = false;
   std::function<void(const std::string& id, const std::string& why)> on_pool_lost;
+  // A remote launcher (DEV.md §4f), its POST overrides applied; null = a local kernel.
+  LauncherPtr launcher;
 };
 
 // What a pooled kernel takes on at hand-out (DEV.md "Warm pool"): run in the kernel as one

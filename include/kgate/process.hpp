@@ -70,6 +70,10 @@ class ChildProcess {
     std::string why;
   };
   static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms);
+  // The same over a node launcher's TCP control link (DEV.md §4f): connects to ip:port within
+  // `timeout_ms`, answers its challenge with `key`, then reads the "pid" line.
+  static SupervisorHello connect_node(const std::string& ip, int port, const std::string& key,
+                                      const std::string& kernel_id, int timeout_ms);
 
   pid_t pid() const noexcept { return pid_; }
   // A pollable fd that becomes readable when the process exits (pidfd_open, or the

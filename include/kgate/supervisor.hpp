@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,10 +31,25 @@ struct SuperviseOptions {
   std::chrono::milliseconds terminate_grace{2500};  // SIGTERM -> SIGKILL of the kernel's group
   std::filesystem::path cwd;                 // the kernel's; empty = the supervisor's
   std::vector<std::string> argv;             // the kernel's; its env is the supervisor's
+
+  // The node launcher's (DEV.md §4f): a listening TCP socket for kgate's control link.  A peer
+  // is sent "challenge <hex>" and must answer "auth <control_link_answer(auth_key, kernel_id,
+  // challenge)>" within 5 s before it hears the "pid" line; anything else closes it.
+  int tcp_listen_fd = -1;
+  std::string auth_key, kernel_id;
+  // Runs once the kernel started (before the loop); false stops the kernel (as a SIGTERM would).
+  std::function<bool(int pid, unsigned long long start_time)> on_started;
 };
 
 // Runs the supervisor until the kernel has ended.  Returns the process exit code.
 int supervise(const SuperviseOptions& opts);
+
+// The control link's challenge answer: HMAC-SHA256(key, "kgate-control" | kernel id | challenge)
+// in hex; the supervisor compares it in constant time.
+std::string control_link_answer(const std::string& key, const std::string& kernel_id,
+                                const std::string& challenge);
+bool control_link_check(const std::string& key, const std::string& kernel_id,
+                        const std::string& challenge, const std::string& answer);
 
 // The abstract socket name of kernel `id`'s supervisor, for this user.
 std::string supervisor_socket_name(const std::string& kernel_id);

@@ -1,0 +1,385 @@
+// Remote launchers (launcher.hpp, DEV.md §4f): the scheduler's commands on kgate's side, and
+// `kgate node-launch`, the node's side.
+#include "kgate/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <zmq.hpp>
+
+#include "kgate/connection.hpp"
+#include "kgate/process.hpp"
+#include "kgate/supervisor.hpp"
+
+namespace kgate {
+
+const std::vector<std::string>& LauncherConfig::slurm_keys() {
+  static const std::vector<std::string> keys = {"partition", "time", "gres", "account", "cpus", "mem"};
+  return keys;
+}
+
+LauncherPtr with_overrides(const LauncherConfig& base, const json& options) {
+  auto l = std::make_shared<LauncherConfig>(base);
+  if (options.is_null()) return l;
+  if (!options.is_object()) throw std::invalid_argument("kgate_launcher_options must be an object");
+  for (const auto& [key, value] : options.items()) {
+    if (std::find(base.allow_override.begin(), base.allow_override.end(), key) == base.allow_override.end())
+      throw std::invalid_argument("kgate_launcher_options." + key + ": launcher " + base.name +
+                                  " does not allow overriding it (allow_override lists " +
+                                  [&] {
+                                    std::string s;
+                                    for (const auto& k : base.allow_override) s += (s.empty() ? "" : ", ") + k;
+                                    return s.empty() ? std::string("nothing") : s;
+                                  }() + ")");
+    std::string v;
+    if (value.is_string()) v = value.get<std::string>();
+    else if (value.is_number_integer()) v = std::to_string(value.get<long long>());
+    else throw std::invalid_argument("kgate_launcher_options." + key + ": must be a string or an integer");
+    if (v.empty() || v.size() > 256 ||
+        !std::all_of(v.begin(), v.end(), [](unsigned char c) { return std::isprint(c) && c != ' '; }))
+      throw std::invalid_argument("kgate_launcher_options." + key +
+                                  ": must be 1 to 256 printable characters without spaces");
+    l->slurm[key] = v;
+  }
+  return l;
+}
+
+namespace {
+
+RunResult run_tool(std::vector<std::string> argv, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  RunOptions o;
+  o.env = current_environment();
+  argv[0] = find_program(argv[0], o.env);
+  o.argv = std::move(argv);
+  o.timeout = timeout;
+  return run(o);
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+std::string failure(const RunResult& r, const std::string& what) {
+  if (!r.started()) return what + ": " + r.spawn_error;
+  if (r.timed_out) return what + ": timed out";
+  std::string err = trim(r.err_head + r.err_tail);
+  if (err.empty()) err = trim(r.out);
+  return what + " failed" + (err.empty() ? "" : ": " + err);
+}
+
+}  // namespace
+
+LauncherStatus probe_launcher(const LauncherConfig& l) {
+  LauncherStatus st;
+  if (l.kind != LauncherConfig::Kind::slurm) {
+    st.reason = "kind " + l.kind_name() + " is not supported yet";
+    return st;
+  }
+  auto env = current_environment();
+  for (const char* tool : {"sbatch", "squeue", "scancel"}) {
+    if (find_program(tool, env) == tool) {
+      st.reason = std::string(tool) + " not found on PATH";
+      return st;
+    }
+  }
+  auto r = run_tool({"squeue", "-h", "-o", "%i", "-j", "0"}, std::chrono::seconds(10));
+  // "Invalid job id specified" is an answer: the controller is there.
+  std::string err = r.err_head + r.err_tail;
+  if (!r.started() || r.timed_out ||
+      (r.status != 0 && err.find("Invalid job id") == std::string::npos)) {
+    st.reason = failure(r, "squeue");
+    return st;
+  }
+  if (!std::filesystem::exists(l.kgate_path)) {
+    st.reason = "the node launcher " + l.kgate_path.string() + " does not exist here";
+    return st;
+  }
+  st.usable = true;
+  return st;
+}
+
+std::vector<std::string> sbatch_argv(const LauncherConfig& l, const std::string& kernel_id,
+                                     const std::filesystem::path& spec_file,
+                                     const std::filesystem::path& log_file) {
+  std::vector<std::string> a = {"sbatch", "--parsable", "--job-name=kgate-" + kernel_id.substr(0, 8),
+                                "--output=" + log_file.string(), "--open-mode=append"};
+  static const std::map<std::string, std::string> flag = {
+      {"partition", "--partition="}, {"time", "--time="},    {"gres", "--gres="},
+      {"account", "--account="},     {"cpus", "--cpus-per-task="}, {"mem", "--mem="}};
+  for (const auto& [key, value] : l.slurm)
+    if (auto f = flag.find(key); f != flag.end() && !value.empty()) a.push_back(f->second + value);
+  a.insert(a.end(), l.sbatch_args.begin(), l.sbatch_args.end());
+  // The job: one process, the launcher, exec'd by the batch shell (no shell of our own text but
+  // the quoting of two paths).
+  auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  a.push_back("--wrap=exec " + quote(l.kgate_path.string()) + " node-launch " + quote(spec_file.string()));
+  return a;
+}
+
+SubmitResult slurm_submit(const std::vector<std::string>& argv) {
+  SubmitResult res;
+  auto r = run_tool(argv, std::chrono::seconds(60));
+  std::string out = trim(r.out);
+  if (!r.started() || r.timed_out || r.status != 0 || out.empty()) {
+    res.error = failure(r, "sbatch");
+    return res;
+  }
+  res.job_id = out.substr(0, out.find(';'));  // --parsable: "id" or "id;cluster"
+  if (res.job_id.empty() || !std::all_of(res.job_id.begin(), res.job_id.end(), ::isdigit)) {
+    res.error = "sbatch answered '" + out.substr(0, 200) + "', not a job id";
+    res.job_id.clear();
+  }
+  return res;
+}
+
+std::optional<std::vector<SlurmJobState>> slurm_query(const std::vector<std::string>& job_ids,
+                                                     std::string* why) {
+  std::vector<SlurmJobState> out;
+  if (job_ids.empty()) return out;
+  std::string list;
+  for (const auto& j : job_ids) list += (list.empty() ? "" : ",") + j;
+  // -t all: a job that just ended is still listed (CG, CD, TO, ...) for MinJobAge.
+  auto r = run_tool({"squeue", "-h", "-t", "all", "-j", list, "-o", "%i|%T|%r|%N"}, std::chrono::seconds(15));
+  std::string err = r.err_head + r.err_tail;
+  if (!r.started() || r.timed_out || (r.status != 0 && err.find("Invalid job id") == std::string::npos)) {
+    if (why) *why = failure(r, "squeue");
+    return std::nullopt;
+  }
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    SlurmJobState s;
+    std::istringstream f(line);
+    std::getline(f, s.job_id, '|');
+    std::getline(f, s.state, '|');
+    std::getline(f, s.reason, '|');
+    std::getline(f, s.node);
+    if (!s.job_id.empty()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string slurm_end_reason(const std::string& job_id) {
+  auto r = run_tool({"scontrol", "show", "job", "-o", job_id}, std::chrono::seconds(10));
+  if (!r.started() || r.timed_out || r.status != 0) return {};
+  auto field = [&](const std::string& name) {
+    auto p = r.out.find(" " + name + "=");
+    if (p == std::string::npos) return std::string();
+    p += name.size() + 2;
+    return r.out.substr(p, r.out.find(' ', p) - p);
+  };
+  std::string state = field("JobState"), reason = field("Reason");
+  if (state.empty()) return {};
+  return reason.empty() || reason == "None" ? state : state + " (" + reason + ")";
+}
+
+std::string slurm_cancel(const std::string& job_id) {
+  auto r = run_tool({"scancel", "--full", job_id}, std::chrono::seconds(15));
+  if (r.started() && !r.timed_out && r.status == 0) return {};
+  return failure(r, "scancel " + job_id);
+}
+
+// ---------------------------------------------------------------------------------------
+// The node's side
+
+namespace {
+
+void note(const std::string& text) {
+  std::fprintf(stderr, "kgate node-launch: %s\n", text.c_str());
+  std::fflush(stderr);
+}
+
+// The address this host reaches `ip` from: a UDP socket "connected" there sends nothing.
+std::string local_ip_towards(const std::string& ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) throw std::runtime_error("not an IPv4 address: " + ip);
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("no route to kgate at " + ip);
+  }
+  sockaddr_in me{};
+  socklen_t len = sizeof me;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len);
+  ::close(fd);
+  char buf[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &me.sin_addr, buf, sizeof buf);
+  return buf;
+}
+
+int listen_tcp(const std::string& ip, int& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 4) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("cannot listen on " + ip);
+  }
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// Sends the registration and waits for kgate's verdict.
+bool register_with_kgate(const json& spec, const json& content, std::chrono::seconds timeout) {
+  const std::string secret = spec.at("secret").get<std::string>();
+  const std::string address = spec.at("registration").get<std::string>();
+  Signer signer(secret);
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.connect(address);
+  WireMessage w;
+  w.header = make_header(kRegisterType, spec.at("kernel_id").get<std::string>(), "kgate-node").dump();
+  w.parent_header = "{}";
+  w.metadata = "{}";
+  w.content = content.dump();
+  auto frames = encode(w, signer);
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    s.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(timeout)) <= 0) {
+    note("kgate did not answer the registration at " + address + " within " + std::to_string(timeout.count()) + " s");
+    return false;
+  }
+  std::vector<zmq::message_t> parts;
+  for (bool more = true; more;) {
+    zmq::message_t m;
+    if (!s.recv(m, zmq::recv_flags::none)) break;
+    more = m.more();
+    parts.push_back(std::move(m));
+  }
+  std::vector<std::string_view> views;
+  for (auto& p : parts) views.emplace_back(static_cast<const char*>(p.data()), p.size());
+  WireMessage reply;
+  if (auto ec = decode(views, signer, reply); ec) {
+    note("kgate's answer is not signed with this kernel's secret (" + ec.message() + ")");
+    return false;
+  }
+  json c = json::parse(reply.content, nullptr, false);
+  if (c.is_discarded() || c.value("status", "") != "ok") {
+    note("kgate refused the registration: " + (c.is_object() ? c.value("reason", std::string("no reason")) : std::string("?")));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int node_launch(const std::filesystem::path& spec_file) {
+  json spec;
+  try {
+    std::ifstream in(spec_file);
+    if (!in) throw std::runtime_error("cannot read " + spec_file.string());
+    spec = json::parse(in);
+    if (spec.value("format", "") != "kgate-node-launch" || spec.value("version", 0) != 1)
+      throw std::runtime_error(spec_file.string() + " is not a version 1 kgate launch spec");
+  } catch (const std::exception& e) {
+    note(e.what());
+    return 2;
+  }
+  // The secret is for one registration: nobody else reads it from here on.
+  std::error_code ec;
+  std::filesystem::remove(spec_file, ec);
+
+  try {
+    const std::string id = spec.at("kernel_id").get<std::string>();
+    const std::string reg = spec.at("registration").get<std::string>();  // tcp://ip:port
+    auto colon = reg.rfind(':');
+    if (reg.rfind("tcp://", 0) != 0 || colon == std::string::npos) throw std::runtime_error("bad registration address " + reg);
+    const std::string reg_ip = reg.substr(6, colon - 6);
+    const int reg_port = std::stoi(reg.substr(colon + 1));
+    const std::string ip = spec.contains("ip") && !spec["ip"].get<std::string>().empty()
+                               ? spec["ip"].get<std::string>()
+                               : local_ip_towards(reg_ip, reg_port);
+
+    ConnectionInfo conn;
+    conn.ip = ip;
+    auto ports = pick_ports(ip, 5);
+    conn.shell_port = ports[0];
+    conn.iopub_port = ports[1];
+    conn.stdin_port = ports[2];
+    conn.control_port = ports[3];
+    conn.hb_port = ports[4];
+    conn.key = spec.at("key").get<std::string>();
+    conn.signature_scheme = spec.value("signature_scheme", "hmac-sha256");
+    conn.kernel_name = spec.value("kernel_name", "");
+    std::filesystem::path dir = spec.value("connection_dir", "");
+    if (dir.empty()) dir = jupyter_runtime_dir();
+    ensure_private_dir(dir);
+    const std::filesystem::path file = dir / ("kernel-" + id + ".json");
+    write_connection_file(file, conn);
+
+    int control_port = 0;
+    const int tfd = listen_tcp(ip, control_port);
+
+    for (const auto& [name, value] : spec.value("env", json::object()).items())
+      if (value.is_string()) ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
+
+    SuperviseOptions so;
+    so.control_fd = -1;
+    so.orphan_timeout = std::chrono::milliseconds(spec.value("orphan_timeout_ms", 3600000LL));
+    so.terminate_grace = std::chrono::milliseconds(spec.value("terminate_grace_ms", 2500LL));
+    so.cwd = spec.value("cwd", "");
+    for (const auto& a : spec.at("argv")) {
+      std::string arg = a.get<std::string>();
+      const std::string key = "{connection_file}";
+      for (auto pos = arg.find(key); pos != std::string::npos; pos = arg.find(key, pos + file.string().size()))
+        arg.replace(pos, key.size(), file.string());
+      so.argv.push_back(std::move(arg));
+    }
+    so.tcp_listen_fd = tfd;
+    so.auth_key = conn.key;
+    so.kernel_id = id;
+    so.on_started = [&](int pid, unsigned long long start_time) {
+      char host[256] = {0};
+      ::gethostname(host, sizeof host - 1);
+      const char* job = std::getenv("SLURM_JOB_ID");
+      json content = {{"kernel_id", id},
+                      {"attempt", spec.value("attempt", 0)},
+                      {"ip", ip},
+                      {"transport", "tcp"},
+                      {"shell_port", conn.shell_port},
+                      {"iopub_port", conn.iopub_port},
+                      {"stdin_port", conn.stdin_port},
+                      {"control_port", conn.control_port},
+                      {"hb_port", conn.hb_port},
+                      {"control_link_port", control_port},
+                      {"pid", pid},
+                      {"start_time", start_time},
+                      {"hostname", host},
+                      {"connection_file", file.string()},
+                      {"slurm_job_id", job ? job : ""}};
+      note("kernel " + id + " started (pid " + std::to_string(pid) + ") on " + ip + "; registering with " + reg);
+      return register_with_kgate(spec, content, std::chrono::seconds(30));
+    };
+    int rc = supervise(so);
+    std::filesystem::remove(file, ec);
+    return rc;
+  } catch (const std::exception& e) {
+    note(e.what());
+    return 1;
+  }
+}
+
+}  // namespace kgate
