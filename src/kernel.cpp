@@ -413,6 +413,11 @@ struct KernelManager::Impl {
   void launch_remote(KernelIo& k);
   void on_registration();
   void registered(KernelIo& k, const json& c, const std::string& secret);
+  // A restart of a remote kernel: its node launcher started it again on the same ports, in the
+  // same job; false when it did not (then a new job is submitted).
+  bool relaunched_in_place(KernelIo& k);
+  // Listening to a (re)started remote kernel: sockets and readiness.
+  void await_remote_ready(KernelIo& k);
   void scheduler_arm();
   void scheduler_tick();
   void on_scheduler(const std::vector<std::string>& jobs,
@@ -441,6 +446,8 @@ struct KernelManager::Impl {
   void on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
   void on_hb(KernelIo& k);
   void on_exit(KernelIo& k);
+  // The kernel died on its own (`how`: "exited with code 1", ...): dead, with what was pending failed.
+  void die(KernelIo& k, const std::string& how);
   void handle_message(KernelIo& k, Channel ch, KernelMessage&& m);
 
   void launch(KernelIo& k, bool fresh_ports);
@@ -1124,28 +1131,31 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
         return;
       }
       if (!k.slurm_job.empty()) {
-        // The scheduler's word on why (TIMEOUT, PREEMPTED, NODE_FAIL, CANCELLED): one scontrol,
-        // bounded at 10 s, on kgate-io (a kernel's death is rare; its records need the reason now).
-        std::string sched = slurm_end_reason(k.slurm_job);
-        how += "; Slurm job " + k.slurm_job + (sched.empty() ? " ended" : ": " + sched);
-        if (!sched.empty()) k.kernel->update_placement({{"state", sched.substr(0, sched.find(' '))}});
+        // The scheduler's word on why (TIMEOUT, PREEMPTED, NODE_FAIL, CANCELLED) goes into the
+        // records' note: asked on a worker (scontrol; the job may still be COMPLETING for a
+        // moment), and the death is processed when it answers (bounded: ~15 s).
+        auto epoch = k.epoch;
+        spawn([this, id, epoch, how, job = k.slurm_job] {
+          std::string sched;
+          for (int i = 0; i < 10; ++i) {
+            sched = slurm_end_reason(job);
+            if (!sched.empty() && sched.rfind("COMPLETING", 0) != 0 && sched.rfind("RUNNING", 0) != 0) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          }
+          post([this, id, epoch, how, job, sched] {
+            KernelIo* kk = find(id);
+            if (!kk || kk->epoch != epoch || kk->phase != Phase::ready) return;
+            if (!sched.empty()) kk->kernel->update_placement({{"state", sched.substr(0, sched.find(' '))}});
+            die(*kk, how + "; Slurm job " + job + (sched.empty() ? " ended" : ": " + sched));
+          });
+        });
+        return;
       }
-      spdlog::error("kernel {}: died ({})", id, how);
-      close_sockets(k);
-      k.phase = Phase::dead;
-      k.kernel->set_state("dead", "kernel " + how);
-      lifecycle(k, KernelLifecycle::died, "the kernel " + how);
-      fail_pending(k, "KernelDied", "kgate: the kernel " + how);
-      // Shell requests held for a re-adopted kernel's history probe (hold_shell).
-      for (auto& m : k.held) refuse(k, m, "KernelDied", "kgate: the kernel " + how);
-      k.held.clear();
-      k.hold_shell = false;
-      broadcast_status(k, "dead");
-      std::error_code ec;
-      std::filesystem::remove(k.file, ec);
+      die(k, how);
       return;
     }
     case Phase::stopping:
+      if (k.restart_requested && k.remote() && relaunched_in_place(k)) return;
       if (k.restart_requested) {
         k.phase = Phase::restarting;
         k.attempts = 0;
@@ -1161,6 +1171,23 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
     case Phase::dead:
       return;
   }
+}
+
+void KernelManager::Impl::die(KernelIo& k, const std::string& how) {
+  const std::string id = k.kernel->id();
+  spdlog::error("kernel {}: died ({})", id, how);
+  close_sockets(k);
+  k.phase = Phase::dead;
+  k.kernel->set_state("dead", "kernel " + how);
+  lifecycle(k, KernelLifecycle::died, "the kernel " + how);
+  fail_pending(k, "KernelDied", "kgate: the kernel " + how);
+  // Shell requests held for a re-adopted kernel's history probe (hold_shell).
+  for (auto& m : k.held) refuse(k, m, "KernelDied", "kgate: the kernel " + how);
+  k.held.clear();
+  k.hold_shell = false;
+  broadcast_status(k, "dead");
+  std::error_code ec;
+  std::filesystem::remove(k.file, ec);
 }
 
 void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
@@ -1192,6 +1219,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   if (restart) broadcast_status(k, "restarting");
   k.phase = Phase::stopping;
   ++k.epoch;
+  if (restart && k.remote()) k.proc.request_relaunch();  // in the same allocation (DEV.md §4f)
   send_internal(k, Channel::control, "shutdown_request", json{{"restart", restart}});
   auto epoch = k.epoch;
   after(opts.shutdown_grace, [this, id, epoch] {
@@ -1222,6 +1250,9 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
                 k.conn.hb_port})
     reserved_ports.erase(p);
   KernelPtr kernel = k.kernel;
+  // A start still waiting (a queued remote job deleted before it ran): its one answer.
+  auto start_waiters = std::move(k.start_waiters);
+  k.start_waiters.clear();
   auto waiters = std::move(k.stop_waiters);
   auto k_lost = std::move(k.request.on_pool_lost);
   if (k.handout) {
@@ -1250,6 +1281,7 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
   } else {
     for (auto* o : observers) o->on_kernel_removed(kernel);
   }
+  for (auto& w : start_waiters) w(StartResult{nullptr, "the kernel was shut down before it was ready"});
   for (auto& w : waiters) w(true);
 }
 
@@ -1611,9 +1643,14 @@ void KernelManager::Impl::registered(KernelIo& k, const json& c, const std::stri
     return;
   }
   k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
+  k.proc.set_remote();
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
   spdlog::info("kernel {}: registered from {} ({}), pid {}{}", id, host, k.conn.ip, hello.pid,
                k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
+  await_remote_ready(k);
+}
+
+void KernelManager::Impl::await_remote_ready(KernelIo& k) {
   open_sockets(k);
   k.ready_reply = false;
   k.iopub_seen = false;
@@ -1622,6 +1659,29 @@ void KernelManager::Impl::registered(KernelIo& k, const json& c, const std::stri
   k.ready_deadline = Clock::now() + opts.ready_timeout;
   k.stall_deadline = k.ready_deadline;
   send_kernel_info(k);
+}
+
+bool KernelManager::Impl::relaunched_in_place(KernelIo& k) {
+  int fd = -1;
+  std::string rest;
+  if (!k.proc.take_link(fd, rest)) return false;
+  // The node launcher starts the kernel again at once (~10 ms) and says so on the link.
+  auto hello = ChildProcess::read_hello(fd, std::move(rest), 10000);
+  if (hello.fd < 0) {
+    spdlog::warn("kernel {}: its node launcher did not restart it in place ({}); submitting a new job",
+                 k.kernel->id(), hello.why);
+    return false;
+  }
+  k.phase = Phase::restarting;
+  k.attempts = 1;
+  ++k.epoch;
+  k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
+  k.proc.set_remote();
+  k.kernel->set_process(k.proc.pid(), k.file, k.conn);
+  spdlog::info("kernel {}: restarted in place (pid {}{})", k.kernel->id(), hello.pid,
+               k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
+  await_remote_ready(k);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------

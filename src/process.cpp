@@ -87,6 +87,7 @@ ChildProcess::ChildProcess(ChildProcess&& o) noexcept
       sup_fd_(std::exchange(o.sup_fd_, -1)),
       sup_pid_(std::exchange(o.sup_pid_, -1)),
       sup_lost_(std::exchange(o.sup_lost_, false)),
+      remote_(std::exchange(o.remote_, false)),
       sup_in_(std::move(o.sup_in_)) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
@@ -101,6 +102,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
     sup_fd_ = std::exchange(o.sup_fd_, -1);
     sup_pid_ = std::exchange(o.sup_pid_, -1);
     sup_lost_ = std::exchange(o.sup_lost_, false);
+    remote_ = std::exchange(o.remote_, false);
     sup_in_ = std::move(o.sup_in_);
   }
   return *this;
@@ -374,8 +376,6 @@ ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_tim
   return c;
 }
 
-static ChildProcess::SupervisorHello read_hello(int fd, std::string rest, int timeout_ms);
-
 ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms) {
   SupervisorHello h;
   sockaddr_un a{};
@@ -402,7 +402,7 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
 
 // The "pid <pid> <start>" line a supervisor sends a kgate it accepted; `rest` is what was read
 // past an earlier line.  Closes `fd` on failure.
-static ChildProcess::SupervisorHello read_hello(int fd, std::string rest, int timeout_ms) {
+ChildProcess::SupervisorHello ChildProcess::read_hello(int fd, std::string rest, int timeout_ms) {
   ChildProcess::SupervisorHello h;
   h.rest = std::move(rest);
   std::string line;
@@ -524,6 +524,7 @@ bool ChildProcess::read_supervisor(int timeout_ms) {
     if (std::sscanf(line.c_str(), "exit %d", &st) == 1) {
       reaped_ = true;
       status_ = st;
+      break;  // what follows (a node launcher's relaunch: a new "pid" line) is take_link()'s
     }
   }
   if (!reaped_ && eof) {
@@ -532,7 +533,7 @@ bool ChildProcess::read_supervisor(int timeout_ms) {
     sup_lost_ = true;
     reaped_ = true;
     status_ = 0;
-    if (start_time_ != 0 && process_start_time(pid_) == start_time_) ::killpg(pid_, SIGKILL);
+    if (!remote_ && start_time_ != 0 && process_start_time(pid_) == start_time_) ::killpg(pid_, SIGKILL);
   }
   if (reaped_ && sup_pid_ > 0) {  // it exits right after its last line: collect it
     int st = 0;
@@ -544,6 +545,15 @@ bool ChildProcess::read_supervisor(int timeout_ms) {
     sup_pid_ = -1;
   }
   return reaped_;
+}
+
+bool ChildProcess::take_link(int& fd, std::string& rest) {
+  if (sup_fd_ < 0 || !reaped_ || sup_lost_) return false;
+  fd = sup_fd_;
+  rest = std::move(sup_in_);
+  sup_in_.clear();
+  sup_fd_ = -1;
+  return true;
 }
 
 bool ChildProcess::try_reap() {
@@ -613,12 +623,14 @@ bool ChildProcess::wait_for_exit(int timeout_ms) {
 void ChildProcess::signal_group(int sig) {
   if (!running()) return;
   if (sup_fd_ >= 0) return tell_supervisor("signal " + std::to_string(sig) + " group");
+  if (remote_) return;  // its pid is another host's
   if (::killpg(pid_, sig) != 0 && (errno == ESRCH || errno == EPERM)) ::kill(pid_, sig);
 }
 
 void ChildProcess::signal(int sig) {
   if (!running()) return;
   if (sup_fd_ >= 0) return tell_supervisor("signal " + std::to_string(sig) + " pid");
+  if (remote_) return;
   ::kill(pid_, sig);
 }
 

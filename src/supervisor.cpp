@@ -130,7 +130,7 @@ int supervise(const SuperviseOptions& o) {
     return fail(0, e.code().value());
   }
   const unsigned long long start = process_start_time(kernel.pid());
-  const std::string hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(start);
+  std::string hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(start);
   for (auto& c : clients) write_line(c.fd, hello);
   const bool started_ok = !o.on_started || o.on_started(kernel.pid(), start);
 
@@ -147,8 +147,30 @@ int supervise(const SuperviseOptions& o) {
   };
   if (!started_ok) terminate("its registration failed");
 
+  // A node launcher restarts its kernel in place when kgate asked ("relaunch") before it ended:
+  // the allocation it runs in is kept (DEV.md §4f).  A local supervisor never gets the line.
+  bool relaunch = false;
   for (;;) {
-    if (kernel.try_reap()) break;
+    if (kernel.try_reap()) {
+      if (!relaunch || terminating || o.tcp_listen_fd < 0) break;
+      relaunch = false;
+      const std::string bye = "exit " + std::to_string(kernel.status());
+      for (auto& c : clients)
+        if (c.challenge.empty()) write_line(c.fd, bye);
+      try {
+        kernel = ChildProcess::launch(lo);
+      } catch (const std::system_error& e) {
+        say("kgate-supervise: %s: the relaunch failed: ", o.kernel_id);
+        say("%s\n", e.what());
+        for (auto& c : clients)
+          if (c.challenge.empty()) write_line(c.fd, "error 0 " + std::to_string(e.code().value()));
+        break;
+      }
+      hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(process_start_time(kernel.pid()));
+      for (auto& c : clients)
+        if (c.challenge.empty()) write_line(c.fd, hello);
+      continue;
+    }
     auto now = Clock::now();
     if (killing && now >= kill_at) {
       kernel.signal_group(SIGKILL);
@@ -233,6 +255,10 @@ int supervise(const SuperviseOptions& o) {
             c.challenge.clear();
             write_line(c.fd, hello);
             orphaned = false;
+            continue;
+          }
+          if (line == "relaunch") {
+            relaunch = true;
             continue;
           }
           int sig = 0;

@@ -74,6 +74,19 @@ class ChildProcess {
   // `timeout_ms`, answers its challenge with `key`, then reads the "pid" line.
   static SupervisorHello connect_node(const std::string& ip, int port, const std::string& key,
                                       const std::string& kernel_id, int timeout_ms);
+  // Reads a supervisor's "pid" line from `fd` (`rest`: what was read past an earlier line).
+  // Closes `fd` on failure.
+  static SupervisorHello read_hello(int fd, std::string rest, int timeout_ms);
+  // A kernel on another host (a node launcher's control link): its pid means nothing here, so
+  // nothing is ever signalled locally, even when the link is lost.
+  void set_remote() noexcept { remote_ = true; }
+  bool remote() const noexcept { return remote_; }
+  // A node launcher (DEV.md §4f) restarts the kernel in place when it next exits ("relaunch"),
+  // and then sends a new "pid" line on the same link.
+  void request_relaunch() { if (sup_fd_ >= 0 && !reaped_) tell_supervisor("relaunch"); }
+  // After the exit of a kernel whose supervisor stays (a relaunch): takes the link out, with
+  // what was read past the exit line.  False when there is none (the supervisor is gone).
+  bool take_link(int& fd, std::string& rest);
 
   pid_t pid() const noexcept { return pid_; }
   // A pollable fd that becomes readable when the process exits (pidfd_open, or the
@@ -113,6 +126,7 @@ class ChildProcess {
   int sup_fd_ = -1;
   pid_t sup_pid_ = -1;
   bool sup_lost_ = false;
+  bool remote_ = false;
   std::string sup_in_;
 };
 

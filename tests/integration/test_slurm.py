@@ -1,9 +1,14 @@
 """Kernels on a Slurm launcher (issue 19), against a single-node Slurm cluster this module
 starts itself (engines.SlurmCluster: Debian 12's slurmctld, slurmd and munge, as root)."""
 
+import json
+import re
+import signal
 import time
 
 import pytest
+import zmq
+from jupyter_client.session import Session
 
 from conftest import Kgate, wait_until
 from engines import SlurmCluster
@@ -18,6 +23,12 @@ def slurm(tmp_path_factory):
 
 def launcher_config(path, extra=""):
     path.write_text(f"""
+[kernel]
+ready_timeout_ms = 8000
+
+[pool]
+size = 0
+
 [remote]
 scheduler_poll_ms = 500
 
@@ -37,7 +48,7 @@ def kg(kgate_bin, slurm, tmp_path_factory):
     d.env["SLURM_CONF"] = str(slurm.conf)
     d.start()
     yield d
-    d.stop(sig=__import__("signal").SIGINT)
+    d.stop(sig=signal.SIGINT)
 
 
 def slurm_kernel(kg, body=None, timeout=90):
@@ -106,3 +117,140 @@ def test_a_slurm_kernel_runs_in_its_job_and_is_cancelled_by_delete(kg, slurm):
         assert r.status == "ok"
     kg.delete_kernel(kid)
     assert wait_until(lambda: job not in [j for j in slurm.jobs()], 30), slurm.run("squeue").stdout
+
+
+def test_a_restart_keeps_the_job_and_a_time_limit_ends_it_with_the_reason(kg, slurm):
+    model = slurm_kernel(kg, {"kgate_launcher_options": {"time": "1"}})  # one minute
+    kid, job = model["id"], model["kgate_placement"]["job_id"]
+    started = time.monotonic()
+    with kg.connect(kid) as ws:
+        assert ws.execute("x = 41").status == "ok"
+        status, _, body = kg.rest("POST", f"/api/kernels/{kid}/restart", timeout=60)
+        assert status == 200, (status, body, kg.log_tail())
+        r = ws.execute("import os; print(os.environ['SLURM_JOB_ID'], 'x' in globals())")
+        assert r.status == "ok", r
+        assert r.stdout.split() == [job, "False"], r  # a new process, in the same job
+    assert "restarted in place" in kg.log_tail(200)
+    # Slurm ends the job at its time limit: the kernel is dead, with the scheduler's reason.
+    def dead():
+        m = kg.kernel_model(kid)
+        return m if m["execution_state"] == "dead" else None
+    m = wait_until(dead, 150 - (time.monotonic() - started), interval=1)
+    assert m, kg.kernel_model(kid)
+    assert "Slurm job " + job in m["reason"] and "TIMEOUT" in m["reason"], m
+    assert m["kgate_placement"]["state"] == "TIMEOUT", m
+    kg.delete_kernel(kid)
+
+
+def registration_endpoint(kg):
+    m = re.findall(r"remote launchers register at (tcp://\S+)", kg.log_tail(500))
+    assert m, kg.log_tail()
+    return m[-1]
+
+
+def idle_cpus(slurm):
+    alloc, idle, _other, _total = slurm.run("sinfo", "-h", "-o", "%C").stdout.strip().split("/")
+    return int(idle)
+
+
+def register(endpoint, key, kernel_id, content, date=None, msg_id=None):
+    """One registration as a node launcher sends it; returns kgate's reply content."""
+    session = Session(key=key.encode(), session=kernel_id, username="test")
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(endpoint)
+    try:
+        msg = session.msg("kgate_register", content)
+        if date is not None:
+            msg["header"]["date"] = date
+        if msg_id is not None:
+            msg["header"]["msg_id"] = msg_id
+            msg["msg_id"] = msg_id
+        session.send(s, msg)
+        assert s.poll(10000), "kgate did not answer the registration"
+        frames = s.recv_multipart()
+        idx = frames.index(b"<IDS|MSG>")
+        return json.loads(frames[idx + 5])
+    finally:
+        s.close()
+
+
+def test_a_queued_job_is_a_starting_kernel_that_can_be_deleted_and_registrations_are_checked(kg, slurm):
+    # Fill the node, so the kernel's job waits in the queue.
+    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    assert p.returncode == 0, p.stderr
+    blocker = p.stdout.strip().split(";")[0]
+    try:
+        t0 = time.monotonic()
+        status, _, model = kg.rest("POST", "/api/kernels", {"name": "python3", "kgate_launcher": "slurm"},
+                                   timeout=60)
+        waited = time.monotonic() - t0
+        # After ready_timeout (8 s here) the POST answers 202 with the pending model.
+        assert status == 202, (status, model, kg.log_tail())
+        assert 7 <= waited < 20, waited
+        kid = model["id"]
+        kg._kernels.add(kid)
+        assert model["execution_state"] == "starting", model
+        place = model["kgate_placement"]
+        assert place["state"] == "PENDING" and place["reason"] in ("Resources", "Priority"), place
+        job = place["job_id"]
+
+        # Registrations for it: the secret is in the launch spec (0600, kgate's state dir).
+        spec_file = kg.root / "state" / "kgate" / "remote" / f"{kid}-1.json"
+        spec = json.loads(spec_file.read_text())
+        assert oct(spec_file.stat().st_mode & 0o777) == "0o600"
+        endpoint = registration_endpoint(kg)
+        content = {"kernel_id": kid, "attempt": 1, "ip": "127.0.0.1", "shell_port": 1, "iopub_port": 2,
+                   "stdin_port": 3, "control_port": 4, "hb_port": 5, "control_link_port": 6, "pid": 1,
+                   "start_time": 1, "hostname": "forger"}
+        forged = register(endpoint, "not-the-secret", kid, content)
+        assert forged["status"] == "error" and "signature" in forged["reason"], forged
+        late = register(endpoint, spec["secret"], kid, content, date="2026-01-01T00:00:00.000000Z")
+        assert late["status"] == "error" and "late" in late["reason"], late
+        wrong = register(endpoint, spec["secret"], kid, dict(content, attempt=7), msg_id="n-1")
+        assert wrong["status"] == "error" and "earlier launch" in wrong["reason"], wrong
+        replayed = register(endpoint, spec["secret"], kid, content, msg_id="n-1")
+        assert replayed["status"] == "error" and "replayed" in replayed["reason"], replayed
+        assert kg.kernel_model(kid)["execution_state"] == "starting"
+
+        # Deleting the pending kernel cancels its job.
+        kg.delete_kernel(kid)
+        assert wait_until(lambda: job not in slurm.jobs(), 30), slurm.run("squeue").stdout
+        status, _, _ = kg.rest("GET", f"/api/kernels/{kid}")
+        assert status == 404
+    finally:
+        slurm.run("scancel", blocker)
+        wait_until(lambda: blocker not in slurm.jobs(), 30)
+
+
+def test_a_registration_is_refused_once_the_kernel_registered(kg, slurm):
+    # The launch spec is removed by the node launcher once read: catch its secret while the job
+    # waits in the queue, then let the job run.
+    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    blocker = p.stdout.strip().split(";")[0]
+    import threading
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        r=kg.rest("POST", "/api/kernels", {"name": "python3", "kgate_launcher": "slurm"}, timeout=60)))
+    t.start()
+    try:
+        spec_files = lambda: list((kg.root / "state" / "kgate" / "remote").glob("*-1.json"))
+        assert wait_until(lambda: spec_files(), 10)
+        spec = json.loads(spec_files()[0].read_text())
+    finally:
+        slurm.run("scancel", blocker)
+    t.join(60)
+    status, _, model = result["r"]
+    assert status == 201, (status, model, kg.log_tail())
+    kid = model["id"]
+    kg._kernels.add(kid)
+    assert spec["kernel_id"] == kid
+    content = {"kernel_id": kid, "attempt": 1, "ip": "127.0.0.1", "shell_port": 1, "iopub_port": 2,
+               "stdin_port": 3, "control_port": 4, "hb_port": 5, "control_link_port": 6, "pid": 1,
+               "start_time": 1, "hostname": "replayer"}
+    again = register(registration_endpoint(kg), spec["secret"], kid, content)
+    assert again["status"] == "error" and "no registration is expected" in again["reason"], again
+    with kg.connect(kid) as ws:
+        assert ws.execute("1 + 1").status == "ok"
+    kg.delete_kernel(kid)
