@@ -339,6 +339,7 @@ struct KernelIo {
   std::string slurm_job;              // its Slurm job id, once sbatch answered
   Clock::time_point running_since{};  // its job RUNNING, not registered: registration_timeout runs
   std::filesystem::path spec_file;    // the launch spec (the node removes it once read)
+  int control_link_port = 0;          // the node launcher's, once registered
 
   bool sockets_open() const { return shell != nullptr; }
 
@@ -1450,6 +1451,7 @@ void KernelManager::Impl::launch_remote(KernelIo& k) {
       }
       kk->slurm_job = r.job_id;
       kk->kernel->update_placement({{"job_id", r.job_id}, {"state", "PENDING"}});
+      save_entry(*kk);  // a later kgate cancels it if it is still queued then
       spdlog::info("kernel {}: Slurm job {}", id, r.job_id);
       scheduler_arm();
     });
@@ -1629,6 +1631,7 @@ void KernelManager::Impl::registered(KernelIo& k, const json& c, const std::stri
   k.conn.control_port = c["control_port"].get<int>();
   k.conn.hb_port = c["hb_port"].get<int>();
   const std::string host = c.value("hostname", std::string());
+  k.control_link_port = c["control_link_port"].get<int>();
   k.kernel->update_placement({{"host", host}, {"ip", k.conn.ip}});
   try {
     write_connection_file(k.file, k.conn);  // kgate's copy: attach from this host
@@ -1847,8 +1850,8 @@ KernelManager::~KernelManager() {
 }
 
 void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
-  if (!table.enabled() || !k.proc.supervised()) return;  // a direct child cannot outlive kgate
-  if (k.remote()) return;  // not re-adopted yet (DEV.md §4f): shut down with kgate instead
+  if (!table.enabled()) return;
+  if (!k.remote() && !k.proc.supervised()) return;  // a direct child cannot outlive kgate
   KernelTableEntry e;
   e.id = k.kernel->id();
   e.pooled = k.kernel->pooled();
@@ -1860,6 +1863,12 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
   e.supervisor = k.sup_name;
   e.cull_idle_timeout = k.kernel->cull_idle_timeout();
   e.created_unix_ms = k.created_unix_ms;
+  if (k.remote())
+    e.remote = {{"launcher", launcher_to_json(*k.request.launcher)},
+                {"slurm_job", k.slurm_job},
+                {"registered", k.reg_secret.empty() && k.proc.pid() > 0},
+                {"control_link_port", k.control_link_port},
+                {"placement", k.kernel->placement()}};
   if (auto t = k.kernel->last_activity_time(); with_activity && t)
     e.last_activity_unix_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(t->time_since_epoch()).count();
@@ -1892,8 +1901,7 @@ std::size_t KernelManager::detach_all() {
     std::size_t n = 0;
     for (auto it = m.io.begin(); it != m.io.end();) {
       KernelIo& k = *it->second;
-      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout ||
-          k.remote()) {
+      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout) {
         ++it;
         continue;
       }
@@ -1932,7 +1940,25 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         log.push_back("kernel " + e.id + ": already known; its table entry is ignored");
         continue;
       }
-      auto hello = ChildProcess::connect_supervisor(e.supervisor, 2000);
+      LauncherPtr launcher;
+      if (!e.remote.is_null()) {
+        try {
+          launcher = launcher_from_json(e.remote["launcher"]);
+        } catch (const std::exception& ex) {
+          forget(ex.what());
+          continue;
+        }
+        if (!e.remote.value("registered", false)) {
+          // Its job was still queued: the launcher would register with the kgate that is gone.
+          const std::string job = e.remote.value("slurm_job", std::string());
+          if (!job.empty()) m.spawn([job] { slurm_cancel(job); });
+          forget(job.empty() ? "it was being submitted" : "its Slurm job " + job + " was still queued; cancelled");
+          continue;
+        }
+      }
+      auto hello = launcher ? ChildProcess::connect_node(e.conn.ip, e.remote.value("control_link_port", 0), e.conn.key,
+                                                         e.id, 3000)
+                            : ChildProcess::connect_supervisor(e.supervisor, 2000);
       std::string dead;  // why the kernel is gone: it is listed dead, never re-adopted
       if (hello.fd < 0) {
         dead = "the kernel ended while no kgate was running (" + hello.why + ")";
@@ -1943,6 +1969,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
                ", not " + std::to_string(e.pid) + ")";
       }
       ChildProcess proc = dead.empty() ? ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest)) : ChildProcess{};
+      if (launcher) proc.set_remote();
       if (e.pooled) {  // a warm kernel not handed out: not worth keeping, the pool starts fresh ones
         proc.signal_group(SIGTERM);  // nothing if it is gone
         forget(dead.empty() ? "a warm-pool kernel; stopped" : "a warm-pool kernel that ended while no kgate was running");
@@ -1955,6 +1982,12 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       k->request.spec = e.spec;
       k->request.id = e.id;
       k->request.cull_idle_timeout = e.cull_idle_timeout;
+      k->request.launcher = launcher;
+      if (launcher) {
+        k->slurm_job = e.remote.value("slurm_job", std::string());
+        k->control_link_port = e.remote.value("control_link_port", 0);
+        if (e.remote.contains("placement")) kernel->update_placement(e.remote["placement"]);
+      }
       k->conn = e.conn;
       k->signer = std::make_unique<Signer>(k->conn.key, k->conn.signature_scheme);
       k->file = e.connection_file;
@@ -1999,6 +2032,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
                     "): re-adopting it from an earlier kgate");
       ref.start_waiters.push_back([](StartResult) {});
       m.attach(ref);
+      if (ref.remote()) m.scheduler_arm();
     }
     done.set_value(std::move(log));
   });

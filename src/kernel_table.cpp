@@ -50,7 +50,8 @@ json KernelTableEntry::to_json() const {
           {"supervisor", supervisor},
           {"cull_idle_timeout_ms", cull_idle_timeout ? json(cull_idle_timeout->count()) : json(nullptr)},
           {"created_unix_ms", created_unix_ms},
-          {"last_activity_unix_ms", last_activity_unix_ms}};
+          {"last_activity_unix_ms", last_activity_unix_ms},
+          {"remote", remote}};
 }
 
 KernelTableEntry KernelTableEntry::from_json(const json& j) {
@@ -88,6 +89,11 @@ KernelTableEntry KernelTableEntry::from_json(const json& j) {
   if (auto it = j.find("last_activity_unix_ms"); it != j.end()) {  // optional: an earlier version-1 entry has none
     if (!it->is_number_integer()) throw std::runtime_error("last_activity_unix_ms is not an integer");
     e.last_activity_unix_ms = it->get<std::int64_t>();
+  }
+  if (auto it = j.find("remote"); it != j.end() && !it->is_null()) {  // optional: local kernels have none
+    if (!it->is_object() || !it->contains("launcher") || !(*it)["launcher"].is_object())
+      throw std::runtime_error("remote is not an object with a launcher");
+    e.remote = *it;
   }
   return e;
 }

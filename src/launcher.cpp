@@ -28,6 +28,32 @@ const std::vector<std::string>& LauncherConfig::slurm_keys() {
   return keys;
 }
 
+json launcher_to_json(const LauncherConfig& l) {
+  return {{"name", l.name},           {"kind", l.kind_name()},
+          {"slurm", l.slurm},         {"sbatch_args", l.sbatch_args},
+          {"kgate_path", l.kgate_path.string()}, {"connection_dir", l.connection_dir.string()},
+          {"allow_override", l.allow_override}};
+}
+
+LauncherPtr launcher_from_json(const json& j) {
+  try {
+    auto l = std::make_shared<LauncherConfig>();
+    l->name = j.at("name").get<std::string>();
+    const std::string kind = j.at("kind").get<std::string>();
+    if (kind == "slurm") l->kind = LauncherConfig::Kind::slurm;
+    else if (kind == "ssh") l->kind = LauncherConfig::Kind::ssh;
+    else throw std::runtime_error("unknown kind " + kind);
+    l->slurm = j.at("slurm").get<std::map<std::string, std::string>>();
+    l->sbatch_args = j.at("sbatch_args").get<std::vector<std::string>>();
+    l->kgate_path = j.at("kgate_path").get<std::string>();
+    l->connection_dir = j.at("connection_dir").get<std::string>();
+    l->allow_override = j.at("allow_override").get<std::vector<std::string>>();
+    return l;
+  } catch (const json::exception& e) {
+    throw std::runtime_error(std::string("a launcher's entry: ") + e.what());
+  }
+}
+
 LauncherPtr with_overrides(const LauncherConfig& base, const json& options) {
   auto l = std::make_shared<LauncherConfig>(base);
   if (options.is_null()) return l;

@@ -36,6 +36,10 @@ struct KernelTableEntry {
   // Its last activity, saved when kgate left it running (SIGTERM); 0 = not known (a kgate that
   // was killed saved none): the next kgate's cull clock then starts at the re-adoption.
   std::int64_t last_activity_unix_ms = 0;
+  // A remote launcher's kernel (DEV.md §4f), null for a local one: the launcher as it was
+  // configured ("launcher"), "slurm_job", "registered" (false: its job was still queued),
+  // "control_link_port" and "placement".
+  nlohmann::json remote;
 
   nlohmann::json to_json() const;
   // Throws std::runtime_error naming the field that is missing or of the wrong type.

@@ -36,6 +36,11 @@ struct LauncherConfig {
 };
 using LauncherPtr = std::shared_ptr<const LauncherConfig>;
 
+// A launcher as the kernel table keeps it (the configuration it was started with).
+json launcher_to_json(const LauncherConfig& l);
+// Throws std::runtime_error when `j` is not what launcher_to_json wrote.
+LauncherPtr launcher_from_json(const json& j);
+
 // Applies a POST's "kgate_launcher_options" over a launcher: a copy with those keys changed.
 // Throws std::invalid_argument naming the key when a key is not in allow_override, or a value
 // is not a non-empty string of at most 256 printable characters.

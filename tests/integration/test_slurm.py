@@ -2,6 +2,7 @@
 starts itself (engines.SlurmCluster: Debian 12's slurmctld, slurmd and munge, as root)."""
 
 import json
+import os
 import re
 import signal
 import time
@@ -254,3 +255,43 @@ def test_a_registration_is_refused_once_the_kernel_registered(kg, slurm):
     with kg.connect(kid) as ws:
         assert ws.execute("1 + 1").status == "ok"
     kg.delete_kernel(kid)
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
+def test_a_restarted_kgate_readopts_its_slurm_kernel(kgate_bin, slurm, tmp_path, how):
+    def daemon():
+        d = Kgate(kgate_bin, tmp_path, config=launcher_config(tmp_path / "kgate.toml"))
+        d.env["SLURM_CONF"] = str(slurm.conf)
+        return d.start()
+    kg1 = daemon()
+    kid = job = None
+    try:
+        model = slurm_kernel(kg1)
+        kid, job = model["id"], model["kgate_placement"]["job_id"]
+        with kg1.connect(kid) as ws:
+            assert ws.execute("x = 41").status == "ok"
+        if how == "kill -9":
+            os.kill(kg1.proc.pid, signal.SIGKILL)
+            kg1.proc.wait(10)
+        else:
+            assert kg1.stop(sig=signal.SIGTERM, sweep=False) == 0
+        assert job in slurm.jobs(), "the job ended with kgate"
+    except BaseException:
+        kg1.stop(sig=signal.SIGINT)
+        raise
+    kg2 = daemon()
+    try:
+        assert "re-adopting it from an earlier kgate" in kg2.log_tail(200), kg2.log_tail()
+        def idle():
+            return kg2.kernel_model(kid)["execution_state"] == "idle"
+        assert wait_until(idle, 30), kg2.log_tail()
+        m = kg2.kernel_model(kid)
+        assert m["kgate_placement"]["job_id"] == job and m["kgate_placement"]["launcher"] == "slurm", m
+        with kg2.connect(kid) as ws:
+            r = ws.execute("import os; print(x + 1, os.environ['SLURM_JOB_ID'])")
+            assert r.status == "ok", r
+            assert r.stdout.split() == ["42", job], r
+        kg2.delete_kernel(kid)
+        assert wait_until(lambda: job not in slurm.jobs(), 30), slurm.run("squeue").stdout
+    finally:
+        kg2.stop(sig=signal.SIGINT)
