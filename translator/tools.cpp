@@ -184,7 +184,10 @@ const char* kConnectDesc =
     "attaches to that kernel as it is and runs nothing: its variables and imports are still "
     "there. That is how a later conversation resumes earlier work. Without it, a fresh kernel is "
     "created, startup.py runs in it and inspectors.py is installed; the reply gives the new id "
-    "(write it down: a later conversation reconnects with it) and startup's output.\n\n"
+    "(write it down: a later conversation reconnects with it) and startup's output.\n"
+    "launcher: for a new kernel, one of the gateway's launchers (list_kernels lists them): the "
+    "kernel runs there, e.g. as a Slurm job on a cluster node. A job still waiting in the "
+    "scheduler's queue is reported as queued; poll with server_status, execute works once it runs.\n\n"
     "On the default gateway a new kernel starts in this conversation's working directory with "
     "its environment. Kernels made or attached with connect are never stopped implicitly: "
     "stop_kernel stops one. If the current kernel was the auto kernel (made by execute), "
@@ -274,7 +277,9 @@ json Translator::tool_list() const {
   return json::array({
       {{"name", "connect"},
        {"description", kConnectDesc},
-       {"inputSchema", obj({{"host", host}, {"kernel", {{"type", "string"}, {"description", "An existing kernel's id prefix to attach to; '' creates a new kernel."}}}})}},
+       {"inputSchema", obj({{"host", host},
+                            {"kernel", {{"type", "string"}, {"description", "An existing kernel's id prefix to attach to; '' creates a new kernel."}}},
+                            {"launcher", {{"type", "string"}, {"description", "For a new kernel: a launcher of the gateway (list_kernels lists them), e.g. a Slurm partition or an SSH host, where it runs. '' = the gateway's own machine."}}}})}},
       {{"name", "execute"},
        {"description", kExecuteDesc},
        {"inputSchema",
@@ -635,7 +640,19 @@ bool Translator::run_setup(const Target& t, std::string& output, std::string& er
   return true;
 }
 
-std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal) {
+// "Slurm job 12 (PENDING, Resources)" from a kernel model's kgate_placement.
+static std::string queue_text(const json& model) {
+  json p = model.is_object() && model.contains("kgate_placement") ? model["kgate_placement"] : json();
+  if (!p.is_object()) return "its launcher";
+  std::string s = p.value("job_id", "").empty() ? "launcher " + p.value("launcher", std::string("?"))
+                                                 : "Slurm job " + p.value("job_id", std::string());
+  std::string st = p.value("state", ""), why = p.contains("reason") && p["reason"].is_string() ? p["reason"].get<std::string>() : "";
+  if (!st.empty()) s += " (" + st + (why.empty() ? "" : ", " + why) + ")";
+  return s;
+}
+
+std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal,
+                                      const std::string& launcher) {
   fatal = false;
   auto http = client(ep);
   auto api = http->get("api", 10s);
@@ -647,7 +664,14 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   json apij = api.json_body();
   bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
   json body = json::object();
-  if (ep.is_default) {
+  if (!launcher.empty()) {
+    // Another machine: this conversation's environment is not its own (PATH, a venv), only
+    // its working directory may be (a shared filesystem).
+    body["kgate_launcher"] = launcher;
+    std::error_code ec;
+    auto cwd = std::filesystem::current_path(ec);
+    if (!ec && ep.is_default) body["cwd"] = cwd.string();
+  } else if (ep.is_default) {
     json env = json::object();
     for (char** e = environ; e && *e; ++e) {
       std::string kv(*e);
@@ -664,8 +688,9 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
     posting_ = true;
   }
   auto r = http->post("api/kernels", body, kCreateTimeout);
-  std::string id = r.status == 201 || r.status == 200 ? r.json_body().value("id", "") : "";
-  Current cur{ep, id, auto_kernel, true, kgate};
+  const bool queued = r.status == 202;  // kgate: a launcher's job still waits in its queue
+  std::string id = r.status == 201 || r.status == 200 || queued ? r.json_body().value("id", "") : "";
+  Current cur{ep, id, auto_kernel, true, kgate, launcher, queued};
   if (!id.empty()) make_current(cur);
   {
     std::lock_guard lk(mu_);
@@ -686,7 +711,11 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
     return "";
   }
   std::string out = (auto_kernel ? "(created an auto kernel " : "created kernel ") + id + " on " + ep.url +
+                    (launcher.empty() ? "" : " (launcher " + launcher + ")") +
                     (auto_kernel ? " for this conversation; it stops when the conversation ends unless you connect to it)" : "");
+  if (queued)
+    return out + "\nqueued as " + queue_text(r.json_body()) +
+           "; poll with server_status. execute works once it runs (startup.py runs first).";
   std::string setup_out, setup_err;
   if (!run_setup(Target{cur, http}, setup_out, setup_err)) {
     http->request("DELETE", "api/kernels/" + id, nullptr, 15s);
@@ -707,9 +736,39 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
 // ---------------------------------------------------------------------------------------
 // Tools
 
+bool Translator::finish_pending_setup(const Target& t, std::string& error) {
+  auto k = t.http->get("api/kernels/" + t.cur.kernel, 10s);
+  if (k.status != 200) {
+    error = "kernel " + t.cur.kernel + ": " + k.message();
+    return false;
+  }
+  json kj = k.json_body();
+  const std::string state = kj.value("execution_state", "");
+  if (state == "starting") {
+    error = "kernel " + t.cur.kernel + " is still queued as " + queue_text(kj) +
+            ": nothing ran. Poll with server_status, or stop_kernel it.";
+    return false;
+  }
+  if (state == "dead") {
+    error = "kernel " + t.cur.kernel + " is dead: " + kj.value("reason", std::string("no reason given"));
+    return false;
+  }
+  std::string out, err;
+  if (!run_setup(t, out, err)) {
+    error = "kernel " + t.cur.kernel + " runs now, but its setup failed: " + err;
+    return false;
+  }
+  std::lock_guard lk(mu_);
+  if (current_ && current_->kernel == t.cur.kernel) current_->setup_pending = false;
+  return true;
+}
+
 ToolReply Translator::connect(Call& c) {
   std::string host = str_arg(c.arguments, "host");
   std::string prefix = str_arg(c.arguments, "kernel");
+  std::string launcher = str_arg(c.arguments, "launcher");
+  if (!prefix.empty() && !launcher.empty())
+    return text_reply("launcher is for a new kernel; kernel attaches to an existing one: give one of them", true);
   Endpoint ep;
   std::string error;
   if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error, true);
@@ -757,7 +816,7 @@ ToolReply Translator::connect(Call& c) {
     current_.reset();
   }
   bool fatal = false;
-  std::string text = create_kernel(ep, false, error, fatal);
+  std::string text = create_kernel(ep, false, error, fatal, launcher);
   if (!error.empty()) return text_reply(error + note, true);
   return text_reply(text + note);
 }
@@ -789,6 +848,7 @@ ToolReply Translator::execute(Call& c) {
   }
   t = target(c.arguments, error);
   if (!t) return text_reply(error, true);
+  if (t->cur.setup_pending && !finish_pending_setup(*t, error)) return text_reply(error, true);
   {
     std::lock_guard lk(calls_mu_);
     call_targets_[&c] = *t;
@@ -937,7 +997,7 @@ ToolReply Translator::restart(Call& c) {
     }
     if (!current) return text_reply("kernel " + t->cur.kernel + " no longer exists", true);
     bool fatal = false;
-    std::string text = create_kernel(t->cur.ep, t->cur.auto_kernel, error, fatal);
+    std::string text = create_kernel(t->cur.ep, t->cur.auto_kernel, error, fatal, t->cur.launcher);
     if (!error.empty()) return text_reply("kernel " + t->cur.kernel + " was gone, and a fresh one could not be made: " + error, true);
     return text_reply("kernel " + t->cur.kernel + " was gone; " + text +
                       "\nNOTE: this is a fresh interpreter: all earlier state is lost.");
@@ -1044,6 +1104,9 @@ ToolReply Translator::server_status(Call&) {
   if (kj.value("responsive", true) == false && kj.value("execution_state", "") != "dead")
     out += " — UNRESPONSIVE: no heartbeat for " + fmt_seconds(kj.value("silent_seconds", 0.0)) +
            " s (the process is stopped or frozen: send it SIGCONT, or restart the kernel)";
+  if (kj.contains("kgate_placement") && kj["kgate_placement"].is_object())
+    out += "\nruns " + kgate::client::placement_text(kj["kgate_placement"]) +
+           (kj.value("execution_state", "") == "starting" ? " — queued: execute works once it runs" : "");
   if (kj.contains("running_job") && kj["running_job"].is_string()) out += "\nrunning: " + kj["running_job"].get<std::string>();
   if (kj.contains("claim") && kj["claim"].is_object()) {
     auto& cl = kj["claim"];

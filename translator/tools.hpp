@@ -38,6 +38,8 @@ class Translator final : public ToolHandler {
     bool auto_kernel = false;  // made by execute: stopped when the conversation ends
     bool made = false;         // made by this translator: restart re-runs the setup
     bool kgate = false;        // the gateway has kgate's extensions
+    std::string launcher;      // the gateway's launcher it was made on ("" = the gateway's machine)
+    bool setup_pending = false;  // queued (a scheduler's job): startup.py runs once it is ready
   };
   struct Target {              // the kernel a call acts on
     Current cur;
@@ -62,7 +64,10 @@ class Translator final : public ToolHandler {
   std::optional<Target> target(const json& args, std::string& error);
   // Creates a kernel (setup included) and makes it current.  Returns the reply text, or sets
   // `error` (and `fatal` when it is not an anticipated failure).
-  std::string create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal);
+  std::string create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal,
+                            const std::string& launcher = "");
+  // A queued kernel (connect(launcher=...) answered 202): once it runs, its setup; else why not.
+  bool finish_pending_setup(const Target& t, std::string& error);
   void make_current(Current cur);
   // Runs setup (startup.py, inspectors.py) on a kernel this translator made.
   bool run_setup(const Target& t, std::string& output, std::string& error);

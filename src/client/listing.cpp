@@ -36,6 +36,7 @@ constexpr const char* kSpecs = "api/kernelspecs";
 constexpr const char* kKernels = "api/kernels";
 constexpr const char* kSessions = "api/sessions";
 constexpr const char* kKgateKernels = "api/kgate/kernels";
+constexpr const char* kKgateLaunchers = "api/kgate/launchers";
 constexpr auto kTlsProbeTimeout = std::chrono::seconds(2);
 
 // JSON reads that never throw on a wrong type.
@@ -211,6 +212,7 @@ bool parse_kernel(const json& k, RemoteKernel& out) {
   out.execution_state = str(k, "execution_state", "unknown");
   out.connections = num(k, "connections");
   out.last_activity = str(k, "last_activity");
+  if (k.contains("kgate_placement") && k["kgate_placement"].is_object()) out.placement = k["kgate_placement"];
   return true;
 }
 
@@ -264,7 +266,7 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
   RemoteListing l;
   l.url = ep.url;
   l.name = ep.name;
-  const std::vector<std::string> paths = {kSpecs, kKernels, kSessions, kKgateKernels};
+  const std::vector<std::string> paths = {kSpecs, kKernels, kSessions, kKgateKernels, kKgateLaunchers};
   auto got = fetch_all(http, paths, opts);
 
   bool probe_tls = false;
@@ -385,6 +387,18 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
     }
   }
 
+  // kgate's launchers: {"launchers": [{"name", "kind", "usable", "reason"}]}; none elsewhere.
+  if (l.kgate && got[4].r.status == 200) {
+    json j = got[4].r.json_body();
+    if (j.is_object() && j.contains("launchers") && j["launchers"].is_array())
+      for (auto& x : j["launchers"]) {
+        if (!x.is_object()) continue;
+        RemoteLauncher rl{str(x, "name"), str(x, "kind"), str(x, "reason"),
+                          x.contains("usable") && x["usable"].is_boolean() && x["usable"].get<bool>()};
+        if (!rl.name.empty()) l.launchers.push_back(std::move(rl));
+      }
+  }
+
   // Sessions: [{"id", "path", "name", "type", "kernel": {...}}]; kgate keeps none (404).
   {
     const Fetched& f = got[2];
@@ -415,6 +429,16 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
     for (auto& e : l.errors)
       if (e.status == 0) e.message = tls_message(ep);
   return l;
+}
+
+std::string placement_text(const json& p) {
+  std::string where = "on " + str(p, "launcher", "?");
+  const std::string job = str(p, "job_id"), state = str(p, "state"), reason = str(p, "reason");
+  const std::string host = str(p, "node", str(p, "host"));
+  if (!job.empty()) where += ": Slurm job " + job;
+  if (!state.empty()) where += " " + state + (reason.empty() ? "" : " (" + reason + ")");
+  if (!host.empty()) where += " on " + host;
+  return where;
 }
 
 std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
@@ -454,6 +478,7 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
         if (k.age_seconds >= 0) add("age " + duration_text(k.age_seconds));
         if (k.idle_seconds >= 0) add("idle " + duration_text(k.idle_seconds));
         if (k.cull_after_seconds >= 0) add("culled after " + duration_text(k.cull_after_seconds) + " idle");
+        if (k.placement.is_object()) add(placement_text(k.placement));
         auto it = by_kernel.find(k.id);
         if (it != by_kernel.end())
           for (auto* s : it->second) add("session " + (s->path.empty() ? s->name : s->path));
@@ -463,6 +488,14 @@ std::string render_text(const RemoteListing& l, const RenderMarks& marks) {
       }
       out += format_table(rows, "  ");
     }
+  }
+
+  if (l.launchers.size() > 1) {  // "local" alone goes without saying
+    out += "launchers (connect(launcher=NAME) or POST kgate_launcher):\n";
+    std::vector<std::vector<std::string>> rows;
+    for (auto& x : l.launchers)
+      rows.push_back({x.name, x.kind, x.usable ? "usable" : "not usable: " + x.reason});
+    out += format_table(rows, "  ");
   }
 
   if (l.sessions_supported) {
@@ -495,6 +528,7 @@ json render_json(const RemoteListing& l) {
       j["age_seconds"] = secs(k.age_seconds);
       j["idle_seconds"] = secs(k.idle_seconds);
       j["cull_after_seconds"] = secs(k.cull_after_seconds);
+      j["placement"] = k.placement;
     }
     json paths = json::array();
     for (auto& s : l.sessions)
@@ -514,6 +548,15 @@ json render_json(const RemoteListing& l) {
           {"kernelspecs", l.specs_listed ? specs : json(nullptr)},
           {"kernels", l.kernels_listed ? kernels : json(nullptr)},
           {"sessions", sessions},
+          {"launchers", [&] {
+             json a = json::array();
+             for (auto& x : l.launchers) {
+               json j = {{"name", x.name}, {"kind", x.kind}, {"usable", x.usable}};
+               if (!x.reason.empty()) j["reason"] = x.reason;
+               a.push_back(std::move(j));
+             }
+             return a;
+           }()},
           {"errors", errors}};
 }
 

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -13,6 +14,7 @@ from jupyter_client.session import Session
 
 from conftest import Kgate, wait_until
 from engines import SlurmCluster
+from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -295,3 +297,55 @@ def test_a_restarted_kgate_readopts_its_slurm_kernel(kgate_bin, slurm, tmp_path,
         assert wait_until(lambda: job not in slurm.jobs(), 30), slurm.run("squeue").stdout
     finally:
         kg2.stop(sig=signal.SIGINT)
+
+
+def test_kgate_mcp_connects_on_a_launcher_and_says_when_it_is_queued(kg, slurm, mcp_bin, tmp_path):
+    from test_mcp_semantics import Agent
+    agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    blocker = p.stdout.strip().split(";")[0]
+    try:
+        listing = agent.ok("list_kernels")
+        assert re.search(r"slurm\s+slurm\s+usable", listing), listing
+        text = agent.ok("connect", launcher="slurm")
+        m = re.search(r"queued as Slurm job (\d+) \(PENDING, (\w+)\); poll with server_status", text)
+        assert m, text
+        job = m.group(1)
+        kid = re.search(r"created kernel (\S+)", text).group(1)
+        kg._kernels.add(kid)
+        err = agent.error("execute", code="1 + 1")
+        assert "still queued as Slurm job " + job in err, err
+        status = agent.ok("server_status")
+        assert "runs on slurm: Slurm job " + job + " PENDING" in status, status
+        slurm.run("scancel", blocker)
+        assert wait_until(lambda: kg.kernel_model(kid)["execution_state"] == "idle", 60), kg.log_tail()
+        out = agent.ok("execute", code="import os; print(os.environ['SLURM_JOB_ID'])")
+        assert job in out, out
+        listing = agent.ok("list_kernels")
+        assert "on slurm: Slurm job " + job + " RUNNING" in listing, listing
+        agent.ok("stop_kernel")
+        assert wait_until(lambda: job not in slurm.jobs(), 30), slurm.run("squeue").stdout
+    finally:
+        slurm.run("scancel", blocker)
+        agent.kill()
+
+
+def test_the_observe_page_and_kgate_kernels_show_where_a_kernel_runs(kg, slurm, tmp_path):
+    import subprocess
+    from cdp import Chromium
+    from test_observe import CHROMIUM, artifacts_dir
+    model = slurm_kernel(kg)
+    kid, job = model["id"], model["kgate_placement"]["job_id"]
+    out = subprocess.run([kg.binary, "kernels", "--host", kg.url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert f"on slurm: Slurm job {job} RUNNING" in out.stdout, out.stdout
+    assert re.search(r"slurm\s+slurm\s+usable", out.stdout), out.stdout
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is absent (scripts/bootstrap.sh installs chromium)"
+    with Chromium.launch(tmp_path / "chromium-profile") as b:
+        page = b.page()
+        page.navigate(f"{kg.url}/observe")
+        page.wait_for(f"document.querySelector('[data-kernel=\"{kid}\"] .placement') !== null", timeout=20)
+        text = page.text(f'[data-kernel="{kid}"] .placement')
+        assert f"on slurm: Slurm job {job} RUNNING" in text, text
+        page.screenshot(artifacts_dir() / "observe-slurm.png")
+    kg.delete_kernel(kid)

@@ -34,6 +34,12 @@ struct RemoteKernel {
   double age_seconds = -1;      // since it started; -1 when the server does not say
   double idle_seconds = -1;     // since its last activity
   double cull_after_seconds = -1;  // the idle timeout in force; -1: none (or not said)
+  json placement;               // kgate's "kgate_placement" (a remote launcher's kernel), or null
+};
+
+struct RemoteLauncher {         // kgate's GET api/kgate/launchers
+  std::string name, kind, reason;
+  bool usable = false;
 };
 
 struct RemoteSession {
@@ -61,6 +67,7 @@ struct RemoteListing {
   std::vector<RemoteSpec> specs;
   std::vector<RemoteKernel> kernels;
   std::vector<RemoteSession> sessions;
+  std::vector<RemoteLauncher> launchers;  // kgate's; empty for another server
   std::vector<RemoteError> errors;  // per endpoint; a 404 of api/sessions or api/kgate/ is none
 
   bool complete() const { return errors.empty(); }
@@ -85,6 +92,10 @@ struct RenderMarks {
   std::string current_kernel;   // marked "<- current"
   std::string self_agent;       // a claim by this agent reads "held by you"
 };
+
+// Where a remote kernel runs, for people: "on gpu: Slurm job 12 RUNNING on node7", "on gpu:
+// Slurm job 13 PENDING (Resources)".
+std::string placement_text(const json& placement);
 
 // A compact text listing: the gateway, its kernelspecs, its kernels (state, connections, last
 // activity, holder, running job, session paths) and sessions whose kernel is not listed.
