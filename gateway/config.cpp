@@ -81,6 +81,21 @@ void read_launcher(const Reader& r, const std::string& name, const toml::node& n
       if (key == "cpus") l->slurm[key] = std::to_string(r.integer(v, full, 1, 100000));
       else l->slurm[key] = r.str(v, full);
     } else if (key == "sbatch_args") l->sbatch_args = r.strings(v, full);
+    else if (key == "host") {
+      l->host = r.str(v, full);
+      if (l->host.empty() || l->host[0] == '-') r.fail(full, "must be a host name or address");
+    } else if (key == "user") {
+      l->user = r.str(v, full);
+      if (!l->user.empty() && l->user[0] == '-') r.fail(full, "must be a user name");
+    } else if (key == "port") l->port = int(r.integer(v, full, 1, 65535));
+    else if (key == "identity_file") l->identity_file = r.str(v, full);
+    else if (key == "ssh_options") l->ssh_options = r.strings(v, full);
+    else if (key == "forward") l->forward = r.boolean(v, full);
+    else if (key == "bind_ip") {
+      l->bind_ip = r.str(v, full);
+      in_addr a{};
+      if (::inet_pton(AF_INET, l->bind_ip.c_str(), &a) != 1) r.fail(full, "must be an IPv4 address of the host");
+    }
     else if (key == "kgate_path") l->kgate_path = r.str(v, full);
     else if (key == "connection_dir") l->connection_dir = r.str(v, full);
     else if (key == "allow_override") {
@@ -92,6 +107,13 @@ void read_launcher(const Reader& r, const std::string& name, const toml::node& n
     } else r.fail(full, "unknown key");
   }
   if (!have_kind) r.fail(base, "needs kind = \"slurm\" (or \"ssh\")");
+  const bool ssh = l->kind == LauncherConfig::Kind::ssh;
+  if (ssh && l->host.empty()) r.fail(base, "an ssh launcher needs host = \"...\"");
+  if (ssh && (!l->slurm.empty() || !l->sbatch_args.empty() || !l->allow_override.empty()))
+    r.fail(base, "partition, time, gres, account, cpus, mem, sbatch_args and allow_override are for kind = \"slurm\"");
+  if (!ssh && (!l->host.empty() || !l->user.empty() || l->port || !l->identity_file.empty() ||
+               !l->ssh_options.empty() || l->forward))
+    r.fail(base, "host, user, port, identity_file, ssh_options and forward are for kind = \"ssh\"");
   opts.launchers[name] = std::move(l);
 }
 
@@ -243,6 +265,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         } else if (key == "registration_port") opts.kernel.registration_port = int(r.integer(node, full, 0, 65535));
         else if (key == "registration_timeout_seconds")
           opts.kernel.registration_timeout = std::chrono::seconds(r.integer(node, full, 5, 86400));
+        else if (key == "link_timeout_seconds")
+          opts.kernel.link_timeout = std::chrono::seconds(r.integer(node, full, 5, 86400));
         else if (key == "scheduler_poll_ms")
           opts.kernel.scheduler_poll = std::chrono::milliseconds(r.integer(node, full, 200, 600000));
         else r.fail(full, "unknown key");

@@ -274,6 +274,10 @@ struct KernelIo {
   std::unique_ptr<zmq::socket_t> stdin_monitor;
   bool stdin_up = false;
   std::string session = new_hex_id();  // kgate's own session id with this kernel
+  // Bumped each time the sockets are opened anew after a remote kernel's link came back: their
+  // routing identity is session-gen, because the kernel's ROUTER may still hold the old
+  // connection under the old identity (no handover) and would route our replies there.
+  unsigned socket_gen = 0;
   Phase phase = Phase::launching;
   int attempts = 0;
   std::uint64_t epoch = 0;  // bumped per launch: stale timers check it
@@ -340,8 +344,19 @@ struct KernelIo {
   Clock::time_point running_since{};  // its job RUNNING, not registered: registration_timeout runs
   std::filesystem::path spec_file;    // the launch spec (the node removes it once read)
   int control_link_port = 0;          // the node launcher's, once registered
+  // Where the node launcher put it: its address as reported, and shell, iopub, stdin, control,
+  // hb and the control link on the node; where kgate connects (the node's address, the SSH
+  // host's, or 127.0.0.1 through the forwards); the forwards' local ports and their ssh.
+  std::string node_ip, connect_ip, host_addr;
+  std::vector<int> node_ports, local_ports;
+  ChildProcess tunnel;
+  // The control link (or the SSH forwarding) dropped: reconnecting until link_timeout.
+  bool link_down = false, link_out = false;
+  Clock::time_point link_down_since{};
+  std::string link_why;
 
   bool sockets_open() const { return shell != nullptr; }
+  std::string routing_id() const { return socket_gen ? session + "-" + std::to_string(socket_gen) : session; }
 
   // Sockets to read on the next pass without waiting for their ZMQ_FD (poll_once), one bit per
   // poll slot kind (1 << 0 shell ... 1 << 4 hb, 1 << 7 stdin monitor): a socket just sent on
@@ -413,7 +428,22 @@ struct KernelManager::Impl {
   void ensure_registration();
   void launch_remote(KernelIo& k);
   void on_registration();
-  void registered(KernelIo& k, const json& c, const std::string& secret);
+  void registered(KernelIo& k, const json& c);
+  // Checks a registration (frames [ids..., delimiter, signature, header, parent, metadata,
+  // content]) against k's one-time secret: "" and `c` (its content) when it is good, else why
+  // not; `signed_ok` says whether it was at least signed with the secret (the answer is then
+  // signed too).  A good one uses the secret up.
+  std::string verify_registration(KernelIo& k, const std::vector<std::string_view>& views, json& c,
+                                  bool& signed_ok);
+  // The node launcher's report through the SSH launch's stdout (one JSON line of frames).
+  void ssh_reported(KernelIo& k, const std::string& line);
+  // Connects the control link (after starting the SSH forwarding, when the launcher forwards)
+  // on a worker; on_link takes it on kgate-io.
+  void open_link(KernelIo& k, bool reconnect);
+  void on_link(KernelIo& k, ChildProcess::SupervisorHello hello, bool reconnect);
+  void link_lost(KernelIo& k, const std::string& why);
+  void reconnect_try(const std::string& id, std::uint64_t epoch);
+  bool start_tunnel(KernelIo& k, std::string& why);
   // A restart of a remote kernel: its node launcher started it again on the same ports, in the
   // same job; false when it did not (then a new job is submitted).
   bool relaunched_in_place(KernelIo& k);
@@ -556,7 +586,7 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
   auto make = [&](zmq::socket_type t, int port) {
     auto s = std::make_unique<zmq::socket_t>(ctx, t);
     s->set(zmq::sockopt::linger, 0);
-    if (t == zmq::socket_type::dealer) s->set(zmq::sockopt::routing_id, k.session);
+    if (t == zmq::socket_type::dealer) s->set(zmq::sockopt::routing_id, k.routing_id());
     if (t == zmq::socket_type::sub) {
       s->set(zmq::sockopt::rcvhwm, 0);  // never shed here: clients' queues are the bound
       s->set(zmq::sockopt::subscribe, "");
@@ -570,7 +600,7 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
     // The monitor is attached before connect() so the handshake event cannot be missed.
     k.stdin_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
     k.stdin_->set(zmq::sockopt::linger, 0);
-    k.stdin_->set(zmq::sockopt::routing_id, k.session);
+    k.stdin_->set(zmq::sockopt::routing_id, k.routing_id());
     std::string mon = "inproc://kgate-stdin-" + k.kernel->id() + "-" + std::to_string(k.epoch);
     if (zmq_socket_monitor(k.stdin_->handle(), mon.c_str(), ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
       k.stdin_monitor = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
@@ -796,6 +826,7 @@ void KernelManager::Impl::release_shell(KernelIo& k) {
 
 void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
   spdlog::error("kernel {}: start failed: {}", k.kernel->id(), why);
+  if (k.tunnel.running()) k.tunnel.signal(SIGTERM);
   if (k.proc.running()) {
     k.proc.signal_group(SIGKILL);
     k.proc.wait_for_exit(1000);
@@ -1102,6 +1133,12 @@ void KernelManager::Impl::on_hb(KernelIo& k) {
 
 void KernelManager::Impl::on_exit(KernelIo& k) {
   if (!k.proc.try_reap()) return;
+  if (k.remote() && k.proc.lost() && k.phase == Phase::ready) {
+    // A remote kernel's link ended without its end: the network, or the SSH forwarding.  It is
+    // unreachable, not dead, until link_timeout (or its scheduler says its job ended).
+    link_lost(k, "its control link dropped");
+    return;
+  }
   std::string how = k.proc.describe_exit();
   auto id = k.kernel->id();
   switch (k.phase) {
@@ -1176,6 +1213,8 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
 
 void KernelManager::Impl::die(KernelIo& k, const std::string& how) {
   const std::string id = k.kernel->id();
+  k.link_down = false;
+  if (k.tunnel.running()) k.tunnel.signal(SIGTERM);
   spdlog::error("kernel {}: died ({})", id, how);
   close_sockets(k);
   k.phase = Phase::dead;
@@ -1269,6 +1308,11 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
   table.remove(id);
   if (k.remote()) {
     std::filesystem::remove(k.spec_file, ec);
+    if (k.tunnel.running()) {
+      k.tunnel.signal(SIGTERM);
+      k.tunnel.wait_for_exit(1000);
+    }
+    for (int p : k.local_ports) reserved_ports.erase(p);
     if (!k.slurm_job.empty()) {  // its steps and whatever is left of it: the allocation goes
       spawn([job = k.slurm_job, id] {
         if (auto err = slurm_cancel(job); !err.empty()) spdlog::warn("kernel {}: {}", id, err);
@@ -1385,16 +1429,23 @@ void KernelManager::Impl::launch_remote(KernelIo& k) {
   ++k.epoch;
   ++k.attempts;
   const LauncherConfig& l = *k.request.launcher;
-  if (l.kind != LauncherConfig::Kind::slurm)
-    throw std::runtime_error("launcher " + l.name + ": kind \"" + l.kind_name() + "\" is not supported yet");
-  ensure_registration();
+  const bool ssh = l.kind == LauncherConfig::Kind::ssh;
+  if (!ssh) ensure_registration();
   close_sockets(k);
   k.reg_secret = new_hex_id() + new_hex_id();  // 256 bits, for this launch only
   k.reg_nonces.clear();
   k.slurm_job.clear();
   k.running_since = {};
+  k.link_down = false;
   k.stall_relaunched = true;  // no stall relaunch: that would be another job
   k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
+  if (k.tunnel.running()) {  // a new launch has new ports: the old forwards go
+    k.tunnel.signal(SIGTERM);
+    k.tunnel.wait_for_exit(1000);
+  }
+  k.tunnel = ChildProcess{};
+  for (int p : k.local_ports) reserved_ports.erase(p);
+  k.local_ports.clear();
   const std::string id = k.kernel->id();
   ensure_private_dir(opts.remote_dir);
   k.spec_file = opts.remote_dir / (id + "-" + std::to_string(k.attempts) + ".json");
@@ -1415,7 +1466,8 @@ void KernelManager::Impl::launch_remote(KernelIo& k) {
                  {"version", 1},
                  {"kernel_id", id},
                  {"attempt", k.attempts},
-                 {"registration", reg_endpoint},
+                 // SSH: the report comes back on the SSH channel; Slurm: to kgate's endpoint.
+                 {"registration", ssh ? std::string("stdout") : reg_endpoint},
                  {"secret", k.reg_secret},
                  {"key", k.conn.key},
                  {"signature_scheme", k.conn.signature_scheme},
@@ -1426,16 +1478,37 @@ void KernelManager::Impl::launch_remote(KernelIo& k) {
                  {"connection_dir", l.connection_dir.string()},
                  {"orphan_timeout_ms", opts.orphan_timeout.count()},
                  {"terminate_grace_ms", opts.terminate_grace.count()}};
+  if (ssh) launch["ip"] = l.forward ? std::string("127.0.0.1") : l.bind_ip;
   write_file_atomically(k.spec_file, launch.dump());
   k.kernel->update_placement({{"launcher", l.name},
                               {"kind", l.kind_name()},
-                              {"state", "SUBMITTING"},
+                              {"state", ssh ? "CONNECTING" : "SUBMITTING"},
                               {"job_id", nullptr},
                               {"reason", nullptr},
-                              {"host", nullptr},
-                              {"log", log.string()}});
-  auto argv_sbatch = sbatch_argv(l, id, k.spec_file, log);
+                              {"host", ssh ? json(l.host) : json(nullptr)},
+                              {"link", nullptr},
+                              {"log", ssh ? json(nullptr) : json(log.string())}});
   const auto epoch = k.epoch;
+  if (ssh) {
+    spdlog::info("kernel {}: starting on {} over ssh (launcher {}, attempt {})", id, l.host, l.name, k.attempts);
+    spawn([this, id, epoch, launcher = k.request.launcher, spec_file = k.spec_file] {
+      auto r = ssh_launch(*launcher, spec_file);
+      std::error_code ec;
+      std::filesystem::remove(spec_file, ec);  // it held the secret; ssh has sent it
+      std::string why;
+      std::string addr = launcher->forward ? std::string() : resolve_ipv4(launcher->host, &why);
+      post([this, id, epoch, r, addr, why] {
+        KernelIo* kk = find(id);
+        if (!kk || kk->epoch != epoch || !kk->remote()) return;  // deleted meanwhile: its orphan timeout ends it
+        if (!r.error.empty()) return fail_start(*kk, r.error);
+        if (!kk->request.launcher->forward && addr.empty()) return fail_start(*kk, why);
+        kk->host_addr = addr;
+        ssh_reported(*kk, r.line);
+      });
+    });
+    return;
+  }
+  auto argv_sbatch = sbatch_argv(l, id, k.spec_file, log);
   spdlog::info("kernel {}: submitting to Slurm (launcher {}, attempt {})", id, l.name, k.attempts);
   spawn([this, id, epoch, argv_sbatch] {
     auto r = slurm_submit(argv_sbatch);
@@ -1511,6 +1584,12 @@ void KernelManager::Impl::on_scheduler(const std::vector<std::string>& jobs,
       if (!it->second.node.empty() && it->second.node != "(null)") fields["node"] = it->second.node;
     }
     k->kernel->update_placement(fields);
+    if (k->link_down && !slurm_state_live(state) && k->phase == Phase::ready) {
+      std::string reason = it == by_id.end() ? "" : it->second.reason;
+      die(*k, "unreachable (" + k->link_why + "), and its Slurm job " + k->slurm_job + " ended: " + state +
+                  (reason.empty() || reason == "None" ? "" : " (" + reason + ")"));
+      continue;
+    }
     if (k->reg_secret.empty()) continue;  // registered: the control link tells of its end
     const std::string log = k->kernel->placement().value("log", std::string());
     if (!slurm_state_live(state)) {
@@ -1526,6 +1605,43 @@ void KernelManager::Impl::on_scheduler(const std::vector<std::string>& jobs,
                            std::to_string(opts.registration_timeout.count() / 1000) + " s; see " + log);
     }
   }
+}
+
+std::string KernelManager::Impl::verify_registration(KernelIo& k, const std::vector<std::string_view>& views,
+                                                     json& c, bool& signed_ok) {
+  signed_ok = false;
+  const std::string id = k.kernel->id();
+  if (!k.remote() || k.reg_secret.empty()) return "no registration is expected for this kernel";
+  Signer signer(k.reg_secret);
+  WireMessage w;
+  DecodeLimits lim;
+  lim.max_message_bytes = std::size_t{64} << 10;
+  if (auto ec = decode(views, signer, w, lim, /*validate_json=*/true); ec)
+    return "bad signature (" + ec.message() + "): forged, or not signed with this kernel's secret";
+  signed_ok = true;
+  json h = json::parse(w.header, nullptr, false);
+  c = json::parse(w.content, nullptr, false);
+  std::string refuse;
+  const std::string nonce = h.value("msg_id", std::string());
+  auto date = parse_header_date(h.value("date", std::string()));
+  const auto skew = date ? std::chrono::abs(std::chrono::system_clock::now() - *date) : std::chrono::system_clock::duration::max();
+  auto port_ok = [&](const char* key) {
+    return c.contains(key) && c[key].is_number_integer() && c[key].get<int>() > 0 && c[key].get<int>() < 65536;
+  };
+  if (h.value("msg_type", std::string()) != kRegisterType) refuse = "not a " + std::string(kRegisterType) + " message";
+  else if (nonce.empty() || k.reg_nonces.count(nonce)) refuse = "replayed (its nonce was used already)";
+  else if (!date || skew > kRegistrationMaxSkew)
+    refuse = "late: its date is more than " + std::to_string(kRegistrationMaxSkew.count()) + " s from kgate's clock";
+  else if (!c.is_object() || c.value("kernel_id", std::string()) != id) refuse = "it names another kernel";
+  else if (c.value("attempt", -1) != k.attempts) refuse = "it is for an earlier launch of this kernel";
+  else if (!c.contains("ip") || !c["ip"].is_string()) refuse = "no ip";
+  else {
+    for (const char* key : {"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "control_link_port"})
+      if (!port_ok(key)) refuse = std::string("no valid ") + key;
+  }
+  if (!nonce.empty()) k.reg_nonces.insert(nonce);
+  if (refuse.empty()) k.reg_secret.clear();  // one registration per secret: a replay finds nothing to register
+  return refuse;
 }
 
 void KernelManager::Impl::on_registration() {
@@ -1579,78 +1695,218 @@ void KernelManager::Impl::on_registration() {
       answer(unsigned_signer, "error", "no registration is expected for this kernel");
       continue;
     }
-    Signer signer(k->reg_secret);
-    WireMessage w;
-    DecodeLimits lim;
-    lim.max_message_bytes = std::size_t{64} << 10;
-    if (auto ec = decode(views, signer, w, lim, /*validate_json=*/true); ec) {
-      spdlog::warn("kernel {}: registration refused: {} (forged, or not signed with this kernel's secret)", id,
-                   ec.message());
-      answer(unsigned_signer, "error", "bad signature");
-      continue;
-    }
-    json h = json::parse(w.header, nullptr, false);
-    json c = json::parse(w.content, nullptr, false);
-    std::string refuse;
-    const std::string nonce = h.value("msg_id", std::string());
-    auto date = parse_header_date(h.value("date", std::string()));
-    const auto skew = date ? std::chrono::abs(std::chrono::system_clock::now() - *date) : std::chrono::system_clock::duration::max();
-    auto port_ok = [&](const char* key) {
-      return c.contains(key) && c[key].is_number_integer() && c[key].get<int>() > 0 && c[key].get<int>() < 65536;
-    };
-    if (h.value("msg_type", std::string()) != kRegisterType) refuse = "not a " + std::string(kRegisterType) + " message";
-    else if (nonce.empty() || k->reg_nonces.count(nonce)) refuse = "replayed (its nonce was used already)";
-    else if (!date || skew > kRegistrationMaxSkew)
-      refuse = "late: its date is more than " + std::to_string(kRegistrationMaxSkew.count()) + " s from kgate's clock";
-    else if (!c.is_object() || c.value("kernel_id", std::string()) != id) refuse = "it names another kernel";
-    else if (c.value("attempt", -1) != k->attempts) refuse = "it is for an earlier launch of this kernel";
-    else if (!c.contains("ip") || !c["ip"].is_string()) refuse = "no ip";
-    else {
-      for (const char* key : {"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "control_link_port"})
-        if (!port_ok(key)) refuse = std::string("no valid ") + key;
-    }
-    if (!nonce.empty()) k->reg_nonces.insert(nonce);
+    Signer signer(k->reg_secret);  // before verify_registration uses the secret up
+    json c;
+    bool signed_ok = false;
+    std::string refuse = verify_registration(*k, views, c, signed_ok);
     if (!refuse.empty()) {
       spdlog::warn("kernel {}: registration refused: {}", id, refuse);
-      answer(signer, "error", refuse);
+      answer(signed_ok ? signer : unsigned_signer, "error", signed_ok ? refuse : "bad signature");
       continue;
     }
-    std::string secret = std::move(k->reg_secret);
-    k->reg_secret.clear();  // one registration per secret: a replay finds nothing to register
     answer(signer, "ok", "");
-    registered(*k, c, secret);
+    registered(*k, c);
   }
 }
 
-void KernelManager::Impl::registered(KernelIo& k, const json& c, const std::string& /*secret*/) {
+void KernelManager::Impl::ssh_reported(KernelIo& k, const std::string& line) {
+  json j = json::parse(line, nullptr, false);
+  if (!j.is_object() || !j.contains("kgate_register") || !j["kgate_register"].is_array())
+    return fail_start(k, "the node launcher on " + k.request.launcher->host + " answered '" + line.substr(0, 200) +
+                             "', not its report (is kgate_path a kgate of this version?)");
+  std::vector<std::string> frames;
+  for (const auto& f : j["kgate_register"]) frames.push_back(f.is_string() ? f.get<std::string>() : std::string());
+  std::vector<std::string_view> views(frames.begin(), frames.end());
+  json c;
+  bool signed_ok = false;
+  std::string refuse = verify_registration(k, views, c, signed_ok);
+  if (!refuse.empty()) return fail_start(k, "the node launcher's report was refused: " + refuse);
+  registered(k, c);
+}
+
+void KernelManager::Impl::registered(KernelIo& k, const json& c) {
   const std::string id = k.kernel->id();
-  k.conn.ip = c["ip"].get<std::string>();
-  k.conn.shell_port = c["shell_port"].get<int>();
-  k.conn.iopub_port = c["iopub_port"].get<int>();
-  k.conn.stdin_port = c["stdin_port"].get<int>();
-  k.conn.control_port = c["control_port"].get<int>();
-  k.conn.hb_port = c["hb_port"].get<int>();
+  const LauncherConfig& l = *k.request.launcher;
+  k.node_ip = c["ip"].get<std::string>();
+  k.node_ports.clear();
+  for (const char* key : {"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port", "control_link_port"})
+    k.node_ports.push_back(c[key].get<int>());
+  k.control_link_port = k.node_ports[5];
+  // Where kgate reaches them: the node's address as reported; a host that bound every address
+  // (SSH, bind_ip 0.0.0.0) at the address kgate resolved its name to; forwarded, 127.0.0.1.
+  k.connect_ip = k.node_ip == "0.0.0.0" ? k.host_addr : k.node_ip;
   const std::string host = c.value("hostname", std::string());
-  k.control_link_port = c["control_link_port"].get<int>();
-  k.kernel->update_placement({{"host", host}, {"ip", k.conn.ip}});
+  k.kernel->update_placement({{"host", host}, {"ip", k.node_ip}});
+  if (l.kind == LauncherConfig::Kind::ssh) k.kernel->update_placement({{"state", "RUNNING"}});
+  spdlog::info("kernel {}: registered from {} ({}), pid {}{}", id, host, k.node_ip, c.value("pid", 0),
+               k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
+  open_link(k, /*reconnect=*/false);
+}
+
+bool KernelManager::Impl::start_tunnel(KernelIo& k, std::string& why) {
+  const LauncherConfig& l = *k.request.launcher;
+  if (k.local_ports.empty()) {
+    try {
+      k.local_ports = pick_ports("127.0.0.1", 6, reserved_ports);
+    } catch (const std::exception& e) {
+      why = e.what();
+      return false;
+    }
+    for (int p : k.local_ports) reserved_ports.insert(p);
+  }
+  LaunchOptions lo;
+  lo.env = current_environment();
+  lo.argv = ssh_tunnel_argv(l, k.local_ports, k.node_ports);
+  lo.argv[0] = find_program(lo.argv[0], lo.env);
+  // Started from kgate-io, which lives as long as kgate: PR_SET_PDEATHSIG follows the thread.
+  lo.die_with_parent = true;
+  try {
+    k.tunnel = ChildProcess::launch(lo);
+  } catch (const std::exception& e) {
+    why = std::string("ssh: ") + e.what();
+    return false;
+  }
+  spdlog::info("kernel {}: forwarding its ports through ssh to {} (pid {})", k.kernel->id(), l.host, k.tunnel.pid());
+  return true;
+}
+
+void KernelManager::Impl::open_link(KernelIo& k, bool reconnect) {
+  const LauncherConfig& l = *k.request.launcher;
+  const bool forwarded = l.kind == LauncherConfig::Kind::ssh && l.forward;
+  std::string ip = k.connect_ip;
+  int port = k.node_ports.size() == 6 ? k.node_ports[5] : 0;
+  if (forwarded) {
+    if (!k.tunnel.running()) {
+      std::string why;
+      if (!start_tunnel(k, why)) {
+        if (reconnect) {
+          k.link_why = why;
+          auto id = k.kernel->id();
+          auto epoch = k.epoch;
+          after(std::chrono::seconds(2), [this, id, epoch] { reconnect_try(id, epoch); });
+        } else {
+          fail_start(k, why);
+        }
+        return;
+      }
+    }
+    ip = "127.0.0.1";
+    port = k.local_ports[5];
+  }
+  if (!reconnect) {  // kgate's view of the ports: the connection file here, the sockets
+    k.conn.ip = ip;
+    const auto& ports = forwarded ? k.local_ports : k.node_ports;
+    k.conn.shell_port = ports[0];
+    k.conn.iopub_port = ports[1];
+    k.conn.stdin_port = ports[2];
+    k.conn.control_port = ports[3];
+    k.conn.hb_port = ports[4];
+  }
+  k.link_out = true;
+  const auto id = k.kernel->id();
+  const auto epoch = k.epoch;
+  spawn([this, id, epoch, ip, port, key = k.conn.key, forwarded, reconnect] {
+    if (forwarded) {  // ssh listens on the local ends once it is connected
+      const auto until = Clock::now() + std::chrono::seconds(15);
+      while (Clock::now() < until) {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const bool up = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+        if (fd >= 0) ::close(fd);
+        if (up) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    auto hello = ChildProcess::connect_node(ip, port, key, id, 5000);
+    post([this, id, epoch, hello, reconnect]() mutable {
+      KernelIo* kk = find(id);
+      if (!kk || kk->epoch != epoch) {
+        if (hello.fd >= 0) ::close(hello.fd);
+        return;
+      }
+      kk->link_out = false;
+      on_link(*kk, std::move(hello), reconnect);
+    });
+  });
+}
+
+void KernelManager::Impl::on_link(KernelIo& k, ChildProcess::SupervisorHello hello, bool reconnect) {
+  const std::string id = k.kernel->id();
+  const LauncherConfig& l = *k.request.launcher;
+  const std::string where = (l.kind == LauncherConfig::Kind::ssh ? l.host : k.kernel->placement().value("host", k.node_ip)) +
+                            " (" + k.node_ip + ":" + std::to_string(k.control_link_port) + ")";
+  if (hello.fd < 0) {
+    std::string why = "the node launcher on " + where + ": " + hello.why;
+    if (k.tunnel.running() && l.forward) why += " (through the SSH forwarding)";
+    if (!reconnect) return fail_start(k, why);
+    k.link_why = why;
+    auto epoch = k.epoch;
+    after(std::chrono::seconds(2), [this, id, epoch] { reconnect_try(id, epoch); });
+    return;
+  }
+  if (reconnect) {
+    if (hello.pid != k.proc.pid() || hello.start_time != k.proc.start_time()) {
+      ::close(hello.fd);
+      return die(k, "gone: its node launcher on " + where + " now holds another process (pid " +
+                        std::to_string(hello.pid) + ")");
+    }
+    k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
+    k.proc.set_remote();
+    k.link_down = false;
+    k.kernel->update_placement({{"link", nullptr}, {"link_error", nullptr}});
+    ++k.epoch;  // the heartbeat chain starts again below
+    ++k.socket_gen;
+    open_sockets(k);
+    k.stdin_up = true;  // not waited for: the kernel is ready
+    heartbeat_tick(id, k.epoch);
+    auto held = std::move(k.held);
+    k.held.clear();
+    for (auto& m : held) send_now(k, m);
+    const auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - k.link_down_since).count() / 1000.0;
+    spdlog::info("kernel {}: reachable again after {:.1f} s", id, secs);
+    return;
+  }
+  k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
+  k.proc.set_remote();
   try {
     write_connection_file(k.file, k.conn);  // kgate's copy: attach from this host
     write_owner_file(runtime_dir, id);
   } catch (const std::exception& e) {
     spdlog::warn("kernel {}: {}", id, e.what());
   }
-  auto hello = ChildProcess::connect_node(k.conn.ip, c["control_link_port"].get<int>(), k.conn.key, id, 5000);
-  if (hello.fd < 0) {
-    fail_start(k, "the node launcher on " + host + " (" + k.conn.ip + ":" +
-                      std::to_string(c["control_link_port"].get<int>()) + "): " + hello.why);
-    return;
-  }
-  k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
-  k.proc.set_remote();
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
-  spdlog::info("kernel {}: registered from {} ({}), pid {}{}", id, host, k.conn.ip, hello.pid,
-               k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
   await_remote_ready(k);
+}
+
+void KernelManager::Impl::link_lost(KernelIo& k, const std::string& why) {
+  if (k.link_down) return;
+  k.link_down = true;
+  k.link_down_since = Clock::now();
+  k.link_why = why;
+  k.kernel->set_responsive(false, k.link_down_since);
+  k.kernel->update_placement({{"link", "down"}, {"link_error", why}});
+  // The replies to what is pending are lost with the connections (the kernel routes them to
+  // the old ones): each request gets its one reply now.  Clients' new messages wait (held)
+  // for the link; the kernel runs on, and its output reaches clients once the link is back.
+  fail_pending(k, "KernelUnreachable",
+               "kgate: the link to the kernel dropped (" + why + "); this request's reply is lost, the cell may still be running");
+  close_sockets(k);
+  spdlog::warn("kernel {}: unreachable ({}); reconnecting for up to {} s", k.kernel->id(), why,
+               opts.link_timeout.count() / 1000);
+  auto id = k.kernel->id();
+  auto epoch = k.epoch;
+  after(std::chrono::milliseconds(500), [this, id, epoch] { reconnect_try(id, epoch); });
+}
+
+void KernelManager::Impl::reconnect_try(const std::string& id, std::uint64_t epoch) {
+  KernelIo* k = find(id);
+  if (!k || k->epoch != epoch || !k->link_down || k->link_out || k->phase != Phase::ready) return;
+  if (Clock::now() - k->link_down_since > opts.link_timeout)
+    return die(*k, "unreachable for " + std::to_string(opts.link_timeout.count() / 1000) + " s (" + k->link_why + ")");
+  open_link(*k, /*reconnect=*/true);
 }
 
 void KernelManager::Impl::await_remote_ready(KernelIo& k) {
@@ -1723,7 +1979,7 @@ void KernelManager::Impl::run() {
 void KernelManager::Impl::poll_once() {
   struct Slot {
     std::string id;
-    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
   };
   std::vector<pollfd> fds;
   std::vector<Slot> slots;
@@ -1752,6 +2008,10 @@ void KernelManager::Impl::poll_once() {
     if (k.stdin_monitor) {
       fds.push_back({k.stdin_monitor->get(zmq::sockopt::fd), POLLIN, 0});
       slots.push_back({id, 7});
+    }
+    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0) {
+      fds.push_back({k.tunnel.exit_fd(), POLLIN, 0});
+      slots.push_back({id, 9});
     }
   }
   long timeout = 1000;
@@ -1819,6 +2079,13 @@ void KernelManager::Impl::poll_once() {
       return r.first == s.id && s.kind != 5 && (r.second & (1 << s.kind));
     });
     if (read_already) continue;
+    if (s.kind == 9) {
+      if (k->tunnel.try_reap()) {
+        spdlog::warn("kernel {}: its SSH forwarding ended ({})", s.id, k->tunnel.describe_exit());
+        if (k->phase == Phase::ready) link_lost(*k, "the SSH connection dropped");
+      }
+      continue;
+    }
     if (s.kind == 5) on_exit(*k);
     else if (k->sockets_open()) read_socket(*k, s.kind);
   }
@@ -1868,6 +2135,11 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
                 {"slurm_job", k.slurm_job},
                 {"registered", k.reg_secret.empty() && k.proc.pid() > 0},
                 {"control_link_port", k.control_link_port},
+                {"node_ip", k.node_ip},
+                {"connect_ip", k.connect_ip},
+                {"host_addr", k.host_addr},
+                {"node_ports", k.node_ports},
+                {"local_ports", k.local_ports},
                 {"placement", k.kernel->placement()}};
   if (auto t = k.kernel->last_activity_time(); with_activity && t)
     e.last_activity_unix_ms =
@@ -1956,9 +2228,42 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
           continue;
         }
       }
-      auto hello = launcher ? ChildProcess::connect_node(e.conn.ip, e.remote.value("control_link_port", 0), e.conn.key,
-                                                         e.id, 3000)
+      // A kernel behind SSH forwarding: its forwards first (same local ports as before).
+      ChildProcess tunnel;
+      std::vector<int> node_ports, local_ports;
+      if (launcher) {
+        node_ports = e.remote.value("node_ports", std::vector<int>{});
+        local_ports = e.remote.value("local_ports", std::vector<int>{});
+      }
+      const bool forwarded = launcher && launcher->kind == LauncherConfig::Kind::ssh && launcher->forward &&
+                             node_ports.size() == 6 && local_ports.size() == 6;
+      if (forwarded) {
+        LaunchOptions lo;
+        lo.env = current_environment();
+        lo.argv = ssh_tunnel_argv(*launcher, local_ports, node_ports);
+        lo.argv[0] = find_program(lo.argv[0], lo.env);
+        lo.die_with_parent = true;
+        try {
+          tunnel = ChildProcess::launch(lo);
+          for (auto until = Clock::now() + std::chrono::seconds(15); Clock::now() < until && !tunnel.try_reap();) {
+            int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_port = htons(static_cast<std::uint16_t>(local_ports[5]));
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            const bool up = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+            if (fd >= 0) ::close(fd);
+            if (up) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          }
+        } catch (const std::exception& ex) {
+          spdlog::warn("kernel {}: cannot forward its ports through ssh: {}", e.id, ex.what());
+        }
+      }
+      auto hello = launcher ? ChildProcess::connect_node(e.conn.ip, forwarded ? local_ports[5] : e.remote.value("control_link_port", 0),
+                                                         e.conn.key, e.id, 3000)
                             : ChildProcess::connect_supervisor(e.supervisor, 2000);
+      if (hello.fd < 0 && tunnel.running()) tunnel.signal(SIGTERM);
       std::string dead;  // why the kernel is gone: it is listed dead, never re-adopted
       if (hello.fd < 0) {
         dead = "the kernel ended while no kgate was running (" + hello.why + ")";
@@ -1986,6 +2291,13 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       if (launcher) {
         k->slurm_job = e.remote.value("slurm_job", std::string());
         k->control_link_port = e.remote.value("control_link_port", 0);
+        k->node_ip = e.remote.value("node_ip", std::string());
+        k->connect_ip = e.remote.value("connect_ip", std::string());
+        k->host_addr = e.remote.value("host_addr", std::string());
+        k->node_ports = node_ports;
+        k->local_ports = local_ports;
+        for (int p : local_ports) m.reserved_ports.insert(p);
+        k->tunnel = std::move(tunnel);
         if (e.remote.contains("placement")) kernel->update_placement(e.remote["placement"]);
       }
       k->conn = e.conn;
@@ -2016,6 +2328,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         // kgate would be; its table entry stays until then, so another restart reports it too.
         ref.adopted = false;
         ref.phase = Phase::dead;
+        if (ref.tunnel.running()) ref.tunnel.signal(SIGTERM);
         kernel->set_state("dead", dead);
         std::error_code ec;
         std::filesystem::remove(ref.file, ec);
@@ -2224,7 +2537,12 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
     if (!k) return;  // removed: its clients are being closed
     switch (k->phase) {
       case Phase::ready:
-        if (k->hold_shell && msg.channel == Channel::shell) {  // a re-adopted kernel's history first
+        if (k->link_down) {  // a remote kernel's link is being reconnected
+          if (k->held.size() >= impl_->opts.max_held)
+            impl_->refuse(*k, msg, "KernelUnreachable", "kgate: too many messages held while the kernel is unreachable");
+          else
+            k->held.push_back(std::move(msg));
+        } else if (k->hold_shell && msg.channel == Channel::shell) {  // a re-adopted kernel's history first
           if (k->held.size() >= impl_->opts.max_held)
             impl_->refuse(*k, msg, "KernelStarting", "kgate: too many messages held during the re-adoption");
           else

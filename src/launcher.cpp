@@ -4,6 +4,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,7 +14,10 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
@@ -32,7 +38,9 @@ json launcher_to_json(const LauncherConfig& l) {
   return {{"name", l.name},           {"kind", l.kind_name()},
           {"slurm", l.slurm},         {"sbatch_args", l.sbatch_args},
           {"kgate_path", l.kgate_path.string()}, {"connection_dir", l.connection_dir.string()},
-          {"allow_override", l.allow_override}};
+          {"allow_override", l.allow_override},
+          {"host", l.host}, {"user", l.user}, {"port", l.port}, {"identity_file", l.identity_file.string()},
+          {"ssh_options", l.ssh_options}, {"forward", l.forward}, {"bind_ip", l.bind_ip}};
 }
 
 LauncherPtr launcher_from_json(const json& j) {
@@ -48,6 +56,13 @@ LauncherPtr launcher_from_json(const json& j) {
     l->kgate_path = j.at("kgate_path").get<std::string>();
     l->connection_dir = j.at("connection_dir").get<std::string>();
     l->allow_override = j.at("allow_override").get<std::vector<std::string>>();
+    l->host = j.value("host", "");
+    l->user = j.value("user", "");
+    l->port = j.value("port", 0);
+    l->identity_file = j.value("identity_file", "");
+    l->ssh_options = j.value("ssh_options", std::vector<std::string>{});
+    l->forward = j.value("forward", false);
+    l->bind_ip = j.value("bind_ip", std::string("0.0.0.0"));
     return l;
   } catch (const json::exception& e) {
     throw std::runtime_error(std::string("a launcher's entry: ") + e.what());
@@ -98,6 +113,13 @@ std::string trim(std::string s) {
   return s.substr(i);
 }
 
+// 'it''s' for a POSIX shell.
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string failure(const RunResult& r, const std::string& what) {
   if (!r.started()) return what + ": " + r.spawn_error;
   if (r.timed_out) return what + ": timed out";
@@ -110,8 +132,17 @@ std::string failure(const RunResult& r, const std::string& what) {
 
 LauncherStatus probe_launcher(const LauncherConfig& l) {
   LauncherStatus st;
-  if (l.kind != LauncherConfig::Kind::slurm) {
-    st.reason = "kind " + l.kind_name() + " is not supported yet";
+  if (l.kind == LauncherConfig::Kind::ssh) {
+    auto argv = ssh_argv(l);
+    argv.insert(argv.end(), {l.host, "--", "test", "-x", shell_quote(l.kgate_path.string())});
+    auto r = run_tool(argv, std::chrono::seconds(20));
+    if (r.started() && !r.timed_out && r.status == 0) {
+      st.usable = true;
+    } else if (r.started() && !r.timed_out && WIFEXITED(r.status) && WEXITSTATUS(r.status) == 1) {
+      st.reason = "the node launcher " + l.kgate_path.string() + " is not executable on " + l.host;
+    } else {
+      st.reason = failure(r, "ssh " + l.host);
+    }
     return st;
   }
   auto env = current_environment();
@@ -137,6 +168,69 @@ LauncherStatus probe_launcher(const LauncherConfig& l) {
   return st;
 }
 
+std::vector<std::string> ssh_argv(const LauncherConfig& l) {
+  std::vector<std::string> a = {"ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"};
+  if (l.port > 0) a.insert(a.end(), {"-p", std::to_string(l.port)});
+  if (!l.identity_file.empty()) a.insert(a.end(), {"-i", l.identity_file.string(), "-o", "IdentitiesOnly=yes"});
+  if (!l.user.empty()) a.insert(a.end(), {"-l", l.user});
+  for (const auto& o : l.ssh_options) a.insert(a.end(), {"-o", o});
+  return a;
+}
+
+std::vector<std::string> ssh_launch_argv(const LauncherConfig& l) {
+  auto a = ssh_argv(l);
+  // The remote side joins these into a shell command line: the path is quoted.
+  a.insert(a.end(), {l.host, "--", shell_quote(l.kgate_path.string()), "node-launch", "-"});
+  return a;
+}
+
+std::vector<std::string> ssh_tunnel_argv(const LauncherConfig& l, const std::vector<int>& local,
+                                         const std::vector<int>& remote) {
+  auto a = ssh_argv(l);
+  // A dead connection is noticed within ~15 s (ServerAlive) and ends ssh: kgate then restarts it.
+  a.insert(a.end(), {"-N", "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=5", "-o",
+                     "ServerAliveCountMax=3"});
+  for (std::size_t i = 0; i < local.size() && i < remote.size(); ++i)
+    a.insert(a.end(), {"-L", "127.0.0.1:" + std::to_string(local[i]) + ":127.0.0.1:" + std::to_string(remote[i])});
+  a.push_back(l.host);
+  return a;
+}
+
+SshLaunchResult ssh_launch(const LauncherConfig& l, const std::filesystem::path& spec_file) {
+  SshLaunchResult res;
+  RunOptions o;
+  o.env = current_environment();
+  o.argv = ssh_launch_argv(l);
+  o.argv[0] = find_program(o.argv[0], o.env);
+  o.timeout = std::chrono::seconds(60);
+  o.stdin_file = spec_file;
+  o.exit_grace = std::chrono::seconds(2);
+  auto r = run(o);
+  std::string out = trim(r.out);
+  if (!r.started() || r.timed_out || r.status != 0 || out.empty()) {
+    res.error = failure(r, "ssh " + l.host);
+    return res;
+  }
+  res.line = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+  return res;
+}
+
+std::string resolve_ipv4(const std::string& host, std::string* why) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || !res) {
+    if (why) *why = "cannot resolve " + host + ": " + ::gai_strerror(rc);
+    return {};
+  }
+  char buf[INET_ADDRSTRLEN] = {0};
+  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+  ::freeaddrinfo(res);
+  return buf;
+}
+
 std::vector<std::string> sbatch_argv(const LauncherConfig& l, const std::string& kernel_id,
                                      const std::filesystem::path& spec_file,
                                      const std::filesystem::path& log_file) {
@@ -150,12 +244,7 @@ std::vector<std::string> sbatch_argv(const LauncherConfig& l, const std::string&
   a.insert(a.end(), l.sbatch_args.begin(), l.sbatch_args.end());
   // The job: one process, the launcher, exec'd by the batch shell (no shell of our own text but
   // the quoting of two paths).
-  auto quote = [](const std::string& s) {
-    std::string q = "'";
-    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    return q + "'";
-  };
-  a.push_back("--wrap=exec " + quote(l.kgate_path.string()) + " node-launch " + quote(spec_file.string()));
+  a.push_back("--wrap=exec " + shell_quote(l.kgate_path.string()) + " node-launch " + shell_quote(spec_file.string()));
   return a;
 }
 
@@ -310,14 +399,31 @@ bool register_with_kgate(const json& spec, const json& content, std::chrono::sec
   return true;
 }
 
+// The registration as one line of JSON (the frames of the signed message), for a launcher that
+// reports through its SSH channel's stdout instead of a ZMQ connection to kgate.
+std::string registration_line(const json& spec, const json& content) {
+  Signer signer(spec.at("secret").get<std::string>());
+  WireMessage w;
+  w.header = make_header(kRegisterType, spec.at("kernel_id").get<std::string>(), "kgate-node").dump();
+  w.parent_header = "{}";
+  w.metadata = "{}";
+  w.content = content.dump();
+  return json{{"kgate_register", encode(w, signer)}}.dump();
+}
+
 }  // namespace
 
 int node_launch(const std::filesystem::path& spec_file) {
   json spec;
+  const bool from_stdin = spec_file == "-";
   try {
-    std::ifstream in(spec_file);
-    if (!in) throw std::runtime_error("cannot read " + spec_file.string());
-    spec = json::parse(in);
+    if (from_stdin) {
+      spec = json::parse(std::cin);
+    } else {
+      std::ifstream in(spec_file);
+      if (!in) throw std::runtime_error("cannot read " + spec_file.string());
+      spec = json::parse(in);
+    }
     if (spec.value("format", "") != "kgate-node-launch" || spec.value("version", 0) != 1)
       throw std::runtime_error(spec_file.string() + " is not a version 1 kgate launch spec");
   } catch (const std::exception& e) {
@@ -326,18 +432,19 @@ int node_launch(const std::filesystem::path& spec_file) {
   }
   // The secret is for one registration: nobody else reads it from here on.
   std::error_code ec;
-  std::filesystem::remove(spec_file, ec);
+  if (!from_stdin) std::filesystem::remove(spec_file, ec);
 
   try {
     const std::string id = spec.at("kernel_id").get<std::string>();
-    const std::string reg = spec.at("registration").get<std::string>();  // tcp://ip:port
-    auto colon = reg.rfind(':');
-    if (reg.rfind("tcp://", 0) != 0 || colon == std::string::npos) throw std::runtime_error("bad registration address " + reg);
-    const std::string reg_ip = reg.substr(6, colon - 6);
-    const int reg_port = std::stoi(reg.substr(colon + 1));
-    const std::string ip = spec.contains("ip") && !spec["ip"].get<std::string>().empty()
-                               ? spec["ip"].get<std::string>()
-                               : local_ip_towards(reg_ip, reg_port);
+    if (id.empty() || id.find('/') != std::string::npos) throw std::runtime_error("bad kernel id");
+    const std::string reg = spec.at("registration").get<std::string>();  // tcp://ip:port, or "stdout"
+    const bool report_stdout = reg == "stdout";
+    std::string ip = spec.value("ip", std::string());
+    if (ip.empty()) {
+      auto colon = reg.rfind(':');
+      if (reg.rfind("tcp://", 0) != 0 || colon == std::string::npos) throw std::runtime_error("bad registration address " + reg);
+      ip = local_ip_towards(reg.substr(6, colon - 6), std::stoi(reg.substr(colon + 1)));
+    }
 
     ConnectionInfo conn;
     conn.ip = ip;
@@ -358,6 +465,46 @@ int node_launch(const std::filesystem::path& spec_file) {
 
     int control_port = 0;
     const int tfd = listen_tcp(ip, control_port);
+
+    // Reporting on stdout (SSH): the launcher goes on in the background, in a session of its
+    // own, its output in a log beside the connection file; the foreground process prints the
+    // registration the background one sends it, and exits, so the SSH command ends.
+    int report_fd = -1;
+    if (report_stdout) {
+      int p[2];
+      if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe: " + std::string(std::strerror(errno)));
+      const pid_t child = ::fork();
+      if (child < 0) throw std::runtime_error("fork: " + std::string(std::strerror(errno)));
+      if (child > 0) {
+        ::close(p[1]);
+        ::close(tfd);
+        std::string line;
+        char buf[4096];
+        for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) != 0;) {
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0) break;
+          line.append(buf, static_cast<std::size_t>(n));
+        }
+        if (line.empty()) {
+          note("the kernel did not start (see " + (dir / ("kgate-node-" + id + ".log")).string() + ")");
+          return 1;
+        }
+        std::fwrite(line.data(), 1, line.size(), stdout);
+        std::fflush(stdout);
+        return 0;
+      }
+      ::close(p[0]);
+      report_fd = p[1];
+      const std::string log = (dir / ("kgate-node-" + id + ".log")).string();
+      int lfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+      int nul = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (nul >= 0) ::dup2(nul, 0);
+      if (lfd >= 0) {
+        ::dup2(lfd, 1);
+        ::dup2(lfd, 2);
+      }
+      // supervise() calls setsid(): the SSH session's hangup does not reach it.
+    }
 
     for (const auto& [name, value] : spec.value("env", json::object()).items())
       if (value.is_string()) ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
@@ -396,10 +543,19 @@ int node_launch(const std::filesystem::path& spec_file) {
                       {"hostname", host},
                       {"connection_file", file.string()},
                       {"slurm_job_id", job ? job : ""}};
+      if (report_fd >= 0) {
+        note("kernel " + id + " started (pid " + std::to_string(pid) + ") on " + ip + "; reporting on stdout");
+        std::string line = registration_line(spec, content) + "\n";
+        const bool ok = ::write(report_fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+        ::close(report_fd);
+        report_fd = -1;
+        return ok;
+      }
       note("kernel " + id + " started (pid " + std::to_string(pid) + ") on " + ip + "; registering with " + reg);
       return register_with_kgate(spec, content, std::chrono::seconds(30));
     };
     int rc = supervise(so);
+    if (report_fd >= 0) ::close(report_fd);  // it never started: the foreground says so
     std::filesystem::remove(file, ec);
     return rc;
   } catch (const std::exception& e) {

@@ -202,6 +202,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   const int out_fd = opts.stdout_fd;
   const int errfd = opts.stderr_fd;
   const int pass_fd = opts.pass_fd;
+  const int in_fd = opts.stdin_fd;
   for (int fd : {out_fd, errfd}) {
     if (fd >= 0 && fd <= 2)
       throw std::system_error(EINVAL, std::generic_category(), "cannot launch " + argv0 + " (an output fd below 3)");
@@ -253,7 +254,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
       child_fail(err_w, kStageStdout);
     }
     if (do_chdir && ::chdir(cwd.c_str()) != 0) child_fail(err_w, kStageChdir);
-    const int devnull = ::open("/dev/null", O_RDONLY);
+    const int devnull = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
     if (devnull < 0) child_fail(err_w, kStageStdin);
     if (devnull != STDIN_FILENO) {
       if (::dup2(devnull, STDIN_FILENO) < 0) child_fail(err_w, kStageStdin);
@@ -687,6 +688,21 @@ RunResult run(const RunOptions& opts) {
   lo.cwd = opts.cwd;
   lo.die_with_parent = true;
   lo.stdout_fd = outp[1];
+  int in_fd = -1;
+  if (!opts.stdin_file.empty()) {
+    in_fd = ::open(opts.stdin_file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in_fd < 0) {
+      r.spawn_errno = errno;
+      r.spawn_error = opts.stdin_file.string() + ": " + std::strerror(errno);
+      close_all();
+      return r;
+    }
+    lo.stdin_fd = in_fd;
+  }
+  struct CloseIn {
+    int& fd;
+    ~CloseIn() { close_fd(fd); }
+  } close_in{in_fd};
   lo.stderr_fd = errp[1];
   ChildProcess child;
   try {

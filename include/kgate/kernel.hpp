@@ -197,6 +197,9 @@ struct KernelOptions {
   std::filesystem::path remote_dir;
   // A running job whose launcher has not registered within this long fails the start.
   std::chrono::milliseconds registration_timeout{120000};
+  // A remote kernel whose control link (or SSH forwarding) dropped is reconnected for this long,
+  // then it is dead.
+  std::chrono::milliseconds link_timeout{60000};
   // How often queued and running Slurm jobs are looked up with squeue.
   std::chrono::milliseconds scheduler_poll{2000};
 };

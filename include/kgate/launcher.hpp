@@ -30,6 +30,17 @@ struct LauncherConfig {
   std::filesystem::path connection_dir;
   // Keys a POST may override with "kgate_launcher_options".
   std::vector<std::string> allow_override;
+  // SSH: the system's OpenSSH client, always with BatchMode=yes (no prompt: an unknown host key
+  // fails the start, as StrictHostKeyChecking in the user's ssh config says).
+  std::string host, user;
+  int port = 0;                          // 0 = ssh's (the ssh config's)
+  std::filesystem::path identity_file;   // "" = ssh's
+  std::vector<std::string> ssh_options;  // more -o options ("UserKnownHostsFile=...")
+  // How kgate reaches the kernel's ports: false = directly at the host's address (the node
+  // binds bind_ip); true = through the SSH connection's port forwarding (the node binds
+  // 127.0.0.1; kgate keeps an `ssh -N -L ...` per kernel, and restarts it when it drops).
+  bool forward = false;
+  std::string bind_ip = "0.0.0.0";
 
   static const std::vector<std::string>& slurm_keys();  // partition, time, gres, ...
   std::string kind_name() const { return kind == Kind::slurm ? "slurm" : "ssh"; }
@@ -58,6 +69,21 @@ LauncherStatus probe_launcher(const LauncherConfig& l);
 std::vector<std::string> sbatch_argv(const LauncherConfig& l, const std::string& kernel_id,
                                      const std::filesystem::path& spec_file,
                                      const std::filesystem::path& log_file);
+
+// ssh's arguments for this launcher up to the host (BatchMode, port, identity, user, options).
+std::vector<std::string> ssh_argv(const LauncherConfig& l);
+// `ssh ... host -- KGATE node-launch -` (the launch spec goes on its stdin).
+std::vector<std::string> ssh_launch_argv(const LauncherConfig& l);
+// `ssh -N ... -L 127.0.0.1:local:127.0.0.1:remote ... host`: the forwards for one kernel.
+std::vector<std::string> ssh_tunnel_argv(const LauncherConfig& l, const std::vector<int>& local,
+                                         const std::vector<int>& remote);
+// Runs ssh_launch_argv() with `spec_file` as stdin: the node launcher's report line, or why not.
+struct SshLaunchResult {
+  std::string line, error;
+};
+SshLaunchResult ssh_launch(const LauncherConfig& l, const std::filesystem::path& spec_file);
+// The IPv4 address of `host` (getaddrinfo), or "" (then `why`).
+std::string resolve_ipv4(const std::string& host, std::string* why = nullptr);
 
 // Runs sbatch_argv(): the job id, or the error (sbatch's own message).
 struct SubmitResult {

@@ -20,6 +20,7 @@ struct LaunchOptions {
   int stdout_fd = -1;                          // >= 3: the child's stdout; -1: inherit ours
   int stderr_fd = -1;                          // >= 3: the child's stderr; -1: inherit ours
   int pass_fd = -1;                            // >= 0: becomes the child's fd 3 (inherited)
+  int stdin_fd = -1;                           // >= 0: the child's stdin; -1: /dev/null
 
   // Supervised (DEV.md §4d): `supervisor` (the kgate-supervise binary) is started instead, with
   // a socket to it as its fd 3, and it starts argv as its own child.  The ChildProcess then
@@ -81,6 +82,8 @@ class ChildProcess {
   // nothing is ever signalled locally, even when the link is lost.
   void set_remote() noexcept { remote_ = true; }
   bool remote() const noexcept { return remote_; }
+  // Its supervisor's link ended without an exit line (the supervisor died, or the network).
+  bool lost() const noexcept { return sup_lost_; }
   // A node launcher (DEV.md §4f) restarts the kernel in place when it next exits ("relaunch"),
   // and then sends a new "pid" line on the same link.
   void request_relaunch() { if (sup_fd_ >= 0 && !reaped_) tell_supervisor("relaunch"); }
@@ -138,6 +141,7 @@ struct RunOptions {
   std::filesystem::path cwd = "/";
   std::chrono::milliseconds timeout{60000};    // then its process group is killed (SIGKILL)
   bool capture = true;                         // false: it writes to our stdout and stderr
+  std::filesystem::path stdin_file;            // the child's stdin ("" = /dev/null)
   std::size_t max_stdout = 1 << 20;            // past it, stdout is dropped and out_overflow set
   // Once the child has exited, a grandchild that holds the pipes open gets this long, no more.
   std::chrono::milliseconds exit_grace{200};
