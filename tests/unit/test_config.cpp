@@ -75,6 +75,12 @@ void expect_same_options(const GatewayOptions& a, const GatewayOptions& b) {
   KGATE_SAME_COUNT(records.claim_grace);
   KGATE_SAME_COUNT(records.reply_grace);
   KGATE_SAME(max_kernels);
+  KGATE_SAME(kernel.registration_ip);
+  KGATE_SAME(kernel.registration_port);
+  KGATE_SAME_COUNT(kernel.registration_timeout);
+  KGATE_SAME_COUNT(kernel.link_timeout);
+  KGATE_SAME_COUNT(kernel.scheduler_poll);
+  KGATE_SAME(launchers.size());
   KGATE_SAME(pool.size);
   KGATE_SAME(pool.kernels);
 #undef KGATE_SAME
@@ -124,6 +130,11 @@ GatewayOptions poisoned_options() {
   o.records.claim_grace = std::chrono::milliseconds(1);
   o.records.reply_grace = std::chrono::milliseconds(1);
   o.max_kernels = 1;
+  o.kernel.registration_ip = "10.1.1.1";
+  o.kernel.registration_port = 1;
+  o.kernel.registration_timeout = std::chrono::milliseconds(1);
+  o.kernel.link_timeout = std::chrono::milliseconds(1);
+  o.kernel.scheduler_poll = std::chrono::milliseconds(1);
   o.pool.size = 7;  // pool.kernels stays empty: the sample only shows it commented out
   return o;
 }
@@ -436,6 +447,59 @@ TEST(LoadConfig, PoolErrors) {
   // 16 each is allowed, but not 64 in all.
   expect_config_error("[pool]\nsize = 16\n[pool.kernels]\na = 16\nb = 16\nc = 16\nd = 1\n", "pool");
   expect_config_error("[limits]\nmax_kernels = -1\n", "limits.max_kernels");
+}
+
+// ---- launchers (DEV.md §4f) ---------------------------------------------------------------
+
+TEST(LoadConfig, Launchers) {
+  ConfigDir dir;
+  LoadResult r = load_text(dir, R"(
+[launchers.gpu]
+kind = "slurm"
+partition = "gpu"
+time = "01:00:00"
+cpus = 4
+sbatch_args = ["--qos=x"]
+allow_override = ["time", "gres"]
+
+[launchers.box]
+kind = "ssh"
+host = "box.example.org"
+port = 2222
+user = "me"
+forward = true
+ssh_options = ["ProxyJump=gw"]
+)");
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.opts.launchers.size(), 2u);
+  const auto& gpu = *r.opts.launchers.at("gpu");
+  EXPECT_EQ(gpu.kind, LauncherConfig::Kind::slurm);
+  EXPECT_EQ(gpu.slurm.at("partition"), "gpu");
+  EXPECT_EQ(gpu.slurm.at("cpus"), "4");
+  EXPECT_EQ(gpu.sbatch_args, std::vector<std::string>{"--qos=x"});
+  EXPECT_EQ(gpu.allow_override, (std::vector<std::string>{"time", "gres"}));
+  EXPECT_FALSE(gpu.kgate_path.empty());  // this kgate's own path
+  const auto& box = *r.opts.launchers.at("box");
+  EXPECT_EQ(box.kind, LauncherConfig::Kind::ssh);
+  EXPECT_EQ(box.host, "box.example.org");
+  EXPECT_EQ(box.port, 2222);
+  EXPECT_TRUE(box.forward);
+}
+
+TEST(ConfigErrors, Launchers) {
+  expect_config_error("[launchers.a]\npartition = \"x\"\n", "launchers.a: needs kind");
+  expect_config_error("[launchers.a]\nkind = \"pbs\"\n", "launchers.a.kind");
+  expect_config_error("[launchers.local]\nkind = \"slurm\"\n", "launchers.local");
+  expect_config_error("[launchers.\"a b\"]\nkind = \"slurm\"\n", "launchers.a b");
+  expect_config_error("[launchers.a]\nkind = \"slurm\"\nqueue = \"x\"\n", "launchers.a.queue: unknown key");
+  expect_config_error("[launchers.a]\nkind = \"slurm\"\nallow_override = [\"kgate_path\"]\n", "launchers.a.allow_override");
+  expect_config_error("[launchers.a]\nkind = \"slurm\"\nhost = \"h\"\n", "are for kind = \"ssh\"");
+  expect_config_error("[launchers.a]\nkind = \"ssh\"\n", "needs host");
+  expect_config_error("[launchers.a]\nkind = \"ssh\"\nhost = \"-oProxyCommand=x\"\n", "launchers.a.host");
+  expect_config_error("[launchers.a]\nkind = \"ssh\"\nhost = \"h\"\ntime = \"1\"\n", "are for kind = \"slurm\"");
+  expect_config_error("[launchers.a]\nkind = \"ssh\"\nhost = \"h\"\nbind_ip = \"any\"\n", "launchers.a.bind_ip");
+  expect_config_error("[remote]\nregistration_ip = \"example.org\"\n", "remote.registration_ip");
+  expect_config_error("[remote]\nlink_timeout_seconds = 1\n", "remote.link_timeout_seconds");
 }
 
 }  // namespace
