@@ -117,12 +117,19 @@ class Round:
 class DirectKernel:
     """A kernel of our own, reached over its ZMQ sockets with no gateway in between."""
 
-    def __init__(self, store_history):
+    def __init__(self, store_history, connection_file=None):
+        """connection_file: a running kernel's (another's, e.g. a gateway's): attached, not
+        started, and left running at close()."""
         import zmq
         from jupyter_client.manager import KernelManager
         self.zmq, self.store_history = zmq, store_history
-        self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel()
+        self.attached = connection_file is not None
+        if self.attached:
+            self.km = KernelManager(connection_file=connection_file)
+            self.km.load_connection_file()
+        else:
+            self.km = KernelManager(kernel_name="python3")
+            self.km.start_kernel()
         self.session = self.km.session
         self.shell = self.km.connect_shell()
         self.iopub = self.km.connect_iopub()     # subscribed to every topic
@@ -163,24 +170,27 @@ class DirectKernel:
                 self.request("kernel_info_request", {}, timeout=1.0)
                 return
             except TimeoutError:
-                if time.monotonic() > deadline or not self.km.is_alive():
+                if time.monotonic() > deadline or (not self.attached and not self.km.is_alive()):
                     raise TimeoutError("kernel did not answer kernel_info within %g s" % READY_TIMEOUT)
 
     def close(self):
         for sock in (self.shell, self.iopub):
             sock.close(linger=0)
-        self.km.shutdown_kernel(now=True)
+        if not self.attached:
+            self.km.shutdown_kernel(now=True)
 
 
 class GatewayKernel:
     """A kernel started through a gateway's REST API and reached over its channels websocket."""
 
-    def __init__(self, url, token, kernel_name, store_history, utf8_check=True):
+    def __init__(self, url, token, kernel_name, store_history, utf8_check=True, kernel_id=None):
+        """kernel_id: a kernel the gateway runs already: used, and left running at close()."""
         import websocket
         self.websocket = websocket
         self.url, self.token, self.store_history = url.rstrip("/"), token, store_history
         self.session_id = uuid.uuid4().hex
-        self.kernel_id = self.rest("POST", "/api/kernels", {"name": kernel_name})["id"]
+        self.owned = kernel_id is None
+        self.kernel_id = kernel_id or self.rest("POST", "/api/kernels", {"name": kernel_name})["id"]
         ws_url = "ws" + self.url[len("http"):] + "/api/kernels/%s/channels" % self.kernel_id
         try:
             self.ws = websocket.create_connection(
@@ -242,7 +252,8 @@ class GatewayKernel:
         try:
             self.ws.close()
         finally:
-            self.rest("DELETE", "/api/kernels/" + self.kernel_id)
+            if self.owned:
+                self.rest("DELETE", "/api/kernels/" + self.kernel_id)
 
 
 def nearest_rank(ordered, q):

@@ -352,6 +352,9 @@ struct KernelIo {
   ChildProcess tunnel;
   // The control link (or the SSH forwarding) dropped: reconnecting until link_timeout.
   bool link_down = false, link_out = false;
+  // Reconnected, sockets open anew: held messages wait until iopub is heard again (a SUB
+  // misses what is published before its subscription reaches the kernel).
+  bool relinking = false;
   Clock::time_point link_down_since{};
   std::string link_why;
 
@@ -442,6 +445,8 @@ struct KernelManager::Impl {
   void open_link(KernelIo& k, bool reconnect);
   void on_link(KernelIo& k, ChildProcess::SupervisorHello hello, bool reconnect);
   void link_lost(KernelIo& k, const std::string& why);
+  void relink_probe(const std::string& id, std::uint64_t epoch);
+  void relinked(KernelIo& k);
   void reconnect_try(const std::string& id, std::uint64_t epoch);
   bool start_tunnel(KernelIo& k, std::string& why);
   // A restart of a remote kernel: its node launcher started it again on the same ports, in the
@@ -1029,6 +1034,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       k.iopub_seen = true;
       check_ready(k);
     }
+    if (k.relinking) relinked(k);
     deliver(k, std::move(m));
     return;
   }
@@ -1855,18 +1861,12 @@ void KernelManager::Impl::on_link(KernelIo& k, ChildProcess::SupervisorHello hel
     }
     k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
     k.proc.set_remote();
-    k.link_down = false;
-    k.kernel->update_placement({{"link", nullptr}, {"link_error", nullptr}});
-    ++k.epoch;  // the heartbeat chain starts again below
+    ++k.epoch;
     ++k.socket_gen;
     open_sockets(k);
     k.stdin_up = true;  // not waited for: the kernel is ready
-    heartbeat_tick(id, k.epoch);
-    auto held = std::move(k.held);
-    k.held.clear();
-    for (auto& m : held) send_now(k, m);
-    const auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - k.link_down_since).count() / 1000.0;
-    spdlog::info("kernel {}: reachable again after {:.1f} s", id, secs);
+    k.relinking = true;
+    relink_probe(id, k.epoch);
     return;
   }
   k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
@@ -1881,7 +1881,40 @@ void KernelManager::Impl::on_link(KernelIo& k, ChildProcess::SupervisorHello hel
   await_remote_ready(k);
 }
 
+void KernelManager::Impl::relink_probe(const std::string& id, std::uint64_t epoch) {
+  KernelIo* k = find(id);
+  if (!k || k->epoch != epoch || !k->relinking) return;
+  if (Clock::now() - k->link_down_since > opts.link_timeout)
+    return die(*k, "unreachable for " + std::to_string(opts.link_timeout.count() / 1000) +
+                       " s (reconnected, but its iopub was never heard again)");
+  // Any iopub message will do: this request's busy/idle are there for that.
+  if (auto sent = send_internal(*k, Channel::control, "kernel_info_request", json::object()); !sent.empty())
+    k->readiness_ids.insert(std::move(sent));
+  after(std::chrono::milliseconds(250), [this, id, epoch] { relink_probe(id, epoch); });
+}
+
+void KernelManager::Impl::relinked(KernelIo& k) {
+  k.relinking = false;
+  k.link_down = false;
+  k.kernel->update_placement({{"link", nullptr}, {"link_error", nullptr}});
+  heartbeat_tick(k.kernel->id(), k.epoch);
+  auto held = std::move(k.held);
+  k.held.clear();
+  for (auto& m : held) send_now(k, m);
+  const auto secs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - k.link_down_since).count() / 1000.0;
+  spdlog::info("kernel {}: reachable again after {:.1f} s", k.kernel->id(), secs);
+}
+
 void KernelManager::Impl::link_lost(KernelIo& k, const std::string& why) {
+  if (k.relinking) {  // dropped again before it was heard: reconnect again, same clock
+    k.relinking = false;
+    k.link_why = why;
+    close_sockets(k);
+    auto id = k.kernel->id();
+    auto epoch = k.epoch;
+    after(std::chrono::milliseconds(500), [this, id, epoch] { reconnect_try(id, epoch); });
+    return;
+  }
   if (k.link_down) return;
   k.link_down = true;
   k.link_down_since = Clock::now();

@@ -20,6 +20,7 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <zmq.hpp>
 
@@ -340,6 +341,19 @@ std::string local_ip_towards(const std::string& ip, int port) {
   return buf;
 }
 
+// Whether something accepts TCP connections on ip:port (a probe: connected, then closed).
+bool tcp_listening(const std::string& ip, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 int listen_tcp(const std::string& ip, int& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
@@ -448,12 +462,6 @@ int node_launch(const std::filesystem::path& spec_file) {
 
     ConnectionInfo conn;
     conn.ip = ip;
-    auto ports = pick_ports(ip, 5);
-    conn.shell_port = ports[0];
-    conn.iopub_port = ports[1];
-    conn.stdin_port = ports[2];
-    conn.control_port = ports[3];
-    conn.hb_port = ports[4];
     conn.key = spec.at("key").get<std::string>();
     conn.signature_scheme = spec.value("signature_scheme", "hmac-sha256");
     conn.kernel_name = spec.value("kernel_name", "");
@@ -461,7 +469,6 @@ int node_launch(const std::filesystem::path& spec_file) {
     if (dir.empty()) dir = jupyter_runtime_dir();
     ensure_private_dir(dir);
     const std::filesystem::path file = dir / ("kernel-" + id + ".json");
-    write_connection_file(file, conn);
 
     int control_port = 0;
     const int tfd = listen_tcp(ip, control_port);
@@ -521,6 +528,48 @@ int node_launch(const std::filesystem::path& spec_file) {
         arg.replace(pos, key.size(), file.string());
       so.argv.push_back(std::move(arg));
     }
+    // The kernel, started here: its ports are picked by binding and closing them, so another
+    // launcher on this host (twenty jobs starting at once) can take one in between, and the
+    // kernel exits (EADDRINUSE).  It is registered only once it listens on all five; one that
+    // exits first is started again on fresh ports, three times at most.
+    ::setenv("JPY_PARENT_PID", std::to_string(::getpid()).c_str(), 1);  // ipykernel's parent poller watches us
+    LaunchOptions lo;
+    lo.argv = so.argv;
+    lo.cwd = so.cwd;
+    lo.die_with_parent = true;
+    ChildProcess kernel;
+    const std::string probe_ip = ip == "0.0.0.0" ? "127.0.0.1" : ip;
+    for (int attempt = 1;; ++attempt) {
+      auto ports = pick_ports(ip, 5);
+      conn.shell_port = ports[0];
+      conn.iopub_port = ports[1];
+      conn.stdin_port = ports[2];
+      conn.control_port = ports[3];
+      conn.hb_port = ports[4];
+      write_connection_file(file, conn);
+      lo.env = current_environment();
+      kernel = ChildProcess::launch(lo);  // throws when it cannot be started at all
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      bool exited = false;
+      std::size_t listening = 0;
+      while (std::chrono::steady_clock::now() < until) {
+        if (kernel.try_reap()) {
+          exited = true;
+          break;
+        }
+        listening = 0;
+        for (int p : ports) listening += tcp_listening(probe_ip, p) ? 1 : 0;
+        if (listening == ports.size()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!exited) {
+        if (listening < ports.size()) note("the kernel does not listen on all its ports after 60 s; registering it anyway");
+        break;
+      }
+      if (attempt == 3) throw std::runtime_error("the kernel " + kernel.describe_exit() + " during startup, 3 times");
+      note("the kernel " + kernel.describe_exit() + " during startup (a port taken meanwhile?); again on fresh ports");
+    }
+    so.prelaunched = &kernel;
     so.tcp_listen_fd = tfd;
     so.auth_key = conn.key;
     so.kernel_id = id;

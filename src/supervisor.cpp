@@ -123,7 +123,8 @@ int supervise(const SuperviseOptions& o) {
   lo.die_with_parent = true;  // a killed supervisor takes its kernel along: none runs unwatched
   ChildProcess kernel;
   try {
-    kernel = ChildProcess::launch(lo);
+    if (o.prelaunched) kernel = std::move(*o.prelaunched);
+    else kernel = ChildProcess::launch(lo);
   } catch (const LaunchError& e) {
     return fail(e.stage, e.code().value());
   } catch (const std::system_error& e) {

@@ -37,6 +37,9 @@ struct SuperviseOptions {
   // challenge)>" within 5 s before it hears the "pid" line; anything else closes it.
   int tcp_listen_fd = -1;
   std::string auth_key, kernel_id;
+  // The kernel, started already by the caller (the node launcher, which waits for its ports
+  // before it registers); argv is still what a relaunch runs.
+  class ChildProcess* prelaunched = nullptr;
   // Runs once the kernel started (before the loop); false stops the kernel (as a SIGTERM would).
   std::function<bool(int pid, unsigned long long start_time)> on_started;
 };
