@@ -506,27 +506,56 @@ void handle_kgate(Server& server, const Request& req, const RequestContext&, con
   }
   if (n == 3 && parts[2] == "launchers") {  // remote launchers and whether each works now (DEV.md §4f)
     if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-    // Probing runs the scheduler's commands (squeue): on a thread of its own, never the Asio one.
+    // Probing runs the scheduler's commands (squeue, ssh): on a thread of its own, never the
+    // Asio one.  The thread touches only `st` (shared), never the server: kgate may exit while
+    // an ssh probe still waits; the Asio thread looks at `st` every 50 ms.
+    struct Probe {
+      std::mutex mu;
+      bool done = false;
+      json list;
+    };
+    auto st = std::make_shared<Probe>();
     std::vector<LauncherPtr> ls;
     for (const auto& [name, l] : server.options().launchers) ls.push_back(l);
-    Request fake;
-    fake.version(req.version());
-    fake.keep_alive(req.keep_alive());
-    std::thread([&server, ls = std::move(ls), fake = std::move(fake), respond]() mutable {
+    std::thread([st, ls = std::move(ls)] {
       block_async_signals_in_this_thread();
       json list = json::array();
       list.push_back({{"name", "local"}, {"kind", "local"}, {"usable", true}, {"default", true}});
       for (const auto& l : ls) {
-        auto st = probe_launcher(*l);
-        json j = {{"name", l->name}, {"kind", l->kind_name()}, {"usable", st.usable},
-                  {"options", l->slurm}, {"allow_override", l->allow_override}};
-        if (!st.usable) j["reason"] = st.reason;
+        auto pr = probe_launcher(*l);
+        json j = {{"name", l->name}, {"kind", l->kind_name()}, {"usable", pr.usable}};
+        if (l->kind == LauncherConfig::Kind::slurm) j["options"] = l->slurm;
+        else j["host"] = l->host, j["forward"] = l->forward;
+        j["allow_override"] = l->allow_override;
+        if (!pr.usable) j["reason"] = pr.reason;
         list.push_back(std::move(j));
       }
-      net::post(server.ioc(), [fake = std::move(fake), respond, list = std::move(list)] {
-        respond(json_response(fake, http::status::ok, dump_json(json{{"launchers", list}})));
-      });
+      std::lock_guard lk(st->mu);
+      st->list = std::move(list);
+      st->done = true;
     }).detach();
+    Request fake;
+    fake.version(req.version());
+    fake.keep_alive(req.keep_alive());
+    auto timer = std::make_shared<net::steady_timer>(server.ioc());
+    auto check = std::make_shared<std::function<void()>>();
+    *check = [st, timer, fake, respond, weak = std::weak_ptr<std::function<void()>>(check)]() {
+      {
+        std::lock_guard lk(st->mu);
+        if (st->done) return respond(json_response(fake, http::status::ok, dump_json(json{{"launchers", st->list}})));
+      }
+      auto self = weak.lock();  // the running handler holds it
+      if (!self) return;
+      timer->expires_after(std::chrono::milliseconds(50));
+      timer->async_wait([self, timer](const boost::system::error_code& ec) {
+        if (!ec) (*self)();
+      });
+    };
+    // Each pending wait holds `check`; it refers to itself weakly, so nothing is left once answered.
+    timer->expires_after(std::chrono::milliseconds(20));
+    timer->async_wait([check, timer](const boost::system::error_code& ec) {
+      if (!ec) (*check)();
+    });
     return;
   }
   if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")

@@ -355,6 +355,7 @@ struct KernelIo {
   // Reconnected, sockets open anew: held messages wait until iopub is heard again (a SUB
   // misses what is published before its subscription reaches the kernel).
   bool relinking = false;
+  bool interrupt_on_relink = false;  // an interrupt asked for while it was unreachable
   Clock::time_point link_down_since{};
   std::string link_why;
 
@@ -1898,6 +1899,10 @@ void KernelManager::Impl::relinked(KernelIo& k) {
   k.link_down = false;
   k.kernel->update_placement({{"link", nullptr}, {"link_error", nullptr}});
   heartbeat_tick(k.kernel->id(), k.epoch);
+  if (k.interrupt_on_relink) {
+    k.interrupt_on_relink = false;
+    interrupt_now(k);
+  }
   auto held = std::move(k.held);
   k.held.clear();
   for (auto& m : held) send_now(k, m);
@@ -2541,6 +2546,10 @@ void KernelManager::interrupt(const std::string& id, std::function<void(bool)> d
 }
 
 bool KernelManager::Impl::interrupt_now(KernelIo& k) {
+  if (k.remote() && k.link_down) {  // unreachable for now: sent once the link is back
+    k.interrupt_on_relink = true;
+    return true;
+  }
   if (k.kernel->spec().interrupt_mode == "message") {
     if (!k.sockets_open()) return false;
     send_internal(k, Channel::control, "interrupt_request", json::object());
