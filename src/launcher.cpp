@@ -513,7 +513,9 @@ int node_launch(const std::filesystem::path& spec_file) {
       // supervise() calls setsid(): the SSH session's hangup does not reach it.
     }
 
-    for (const auto& [name, value] : spec.value("env", json::object()).items())
+    // Bound first: items() of the temporary value() returns would dangle in the loop (ASan).
+    const json env = spec.value("env", json::object());
+    for (const auto& [name, value] : env.items())
       if (value.is_string()) ::setenv(name.c_str(), value.get<std::string>().c_str(), 1);
 
     SuperviseOptions so;

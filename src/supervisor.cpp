@@ -74,6 +74,7 @@ struct Client {
 };
 
 constexpr auto kAuthTimeout = std::chrono::seconds(5);
+constexpr long kMaxUnanswered = 8;  // control-link peers still owing the challenge's answer
 
 }  // namespace
 
@@ -227,6 +228,13 @@ int supervise(const SuperviseOptions& o) {
       for (;;) {
         const int cfd = ::accept4(tfd, nullptr, nullptr, SOCK_CLOEXEC);
         if (cfd < 0) break;
+        // Peers that have not answered yet are bounded: a flood of connections is closed at once.
+        const auto unanswered = std::count_if(clients.begin(), clients.end(),
+                                              [](const Client& x) { return !x.challenge.empty(); });
+        if (unanswered >= kMaxUnanswered) {
+          ::close(cfd);
+          continue;
+        }
         Client c{cfd, {}, new_hex_id(), Clock::now() + kAuthTimeout};
         if (write_line(cfd, "challenge " + c.challenge)) clients.push_back(std::move(c));
         else ::close(cfd);
