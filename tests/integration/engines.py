@@ -85,7 +85,7 @@ class SlurmCluster:
     once on 2 cores)."""
 
     def __init__(self, root, cpus=None):
-        _need("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
+        _need("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "sbatch", "squeue", "scancel", "sinfo")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
@@ -140,12 +140,13 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
     def start(self):
         ensure_munge()
         self._write_conf()
-        for argv, log in ((["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out"),
-                          (["slurmd", "-D", "-f", str(self.conf)], "slurmd.out")):
+        # By path: root's PATH need not hold /usr/sbin (a CI runner's environment).
+        for argv, log in ((["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld.out"),
+                          (["/usr/sbin/slurmd", "-D", "-f", str(self.conf)], "slurmd.out")):
             out = open(self.root / "log" / log, "wb")
             self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                                env=self.env, start_new_session=True))
-            if argv[0] == "slurmctld":
+            if argv[0].endswith("slurmctld"):
                 _wait(lambda: self.run("sinfo", "-h").returncode == 0, 30,
                       "slurmctld did not answer sinfo", self.root / "log" / "slurmctld.log")
 
