@@ -2146,8 +2146,9 @@ KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_d
 
 KernelManager::~KernelManager() {
   shutdown_all();
-  // Scheduler commands still out (a scancel at a DELETE): each is bounded (run()'s timeout).
-  for (int i = 0; i < 3000 && impl_->workers.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Scheduler commands still out (a scancel at a DELETE): each is bounded by its run() timeout,
+  // 60 s at most (sbatch, the ssh launch), so this wait outlasts every one of them.
+  for (int i = 0; i < 6500 && impl_->workers.load() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   impl_->stopping = true;
   impl_->post([] {});
   if (impl_->thread.joinable()) impl_->thread.join();
