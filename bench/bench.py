@@ -348,6 +348,37 @@ def execute_request(code):
                     "allow_stdin": False, "stop_on_error": True}})
 
 
+def open_channels(server, kid, timeout=60):
+    """A websocket on kernel kid's channels through `server` (kgate answers a starting kernel's
+    channel once it is ready)."""
+    import websocket
+    return websocket.create_connection(
+        server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % kid,
+        header=["Authorization: token " + server.token], timeout=timeout)
+
+
+def ws_run(ws, code, what="kernel"):
+    """stdout of `code` run over the open channels websocket `ws`: its execute_reply (a status
+    other than ok is a StepError naming `what`) and the idle status it caused both arrived."""
+    msg_id, request = execute_request(code)
+    ws.send(request)
+    out, replied, idle = "", False, False
+    while not (replied and idle):
+        m = json.loads(ws.recv())
+        if m.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        t = m.get("msg_type")
+        if t == "stream":
+            out += m["content"]["text"]
+        elif t == "execute_reply":
+            if m["content"]["status"] != "ok":
+                raise StepError("%s: %s" % (what, m["content"]))
+            replied = True
+        elif t == "status" and m["content"]["execution_state"] == "idle":
+            idle = True
+    return out
+
+
 def kernel_rss(server):
     """(rss MB with no kernels, rss MB with one idle kernel) of the server process itself."""
     import websocket

@@ -18,7 +18,6 @@ moment every one of the N kernels has answered `print(x)` with its own i over a 
 asked at once, as soon as GET /api answers). jupyter_server has no counterpart: its kernels end
 with it (and Enterprise Gateway's session persistence covers remote kernels only).
 """
-import json
 import os
 import signal
 import sys
@@ -39,28 +38,9 @@ log = bench.log
 def run_code(server, kid, code, timeout=60):
     """stdout of `code` run in kernel kid over a websocket (kgate answers a starting kernel's
     channel once it is ready)."""
-    import websocket
-    ws = websocket.create_connection(
-        server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % kid,
-        header=["Authorization: token " + server.token], timeout=timeout)
+    ws = bench.open_channels(server, kid, timeout)
     try:
-        msg_id, request = bench.execute_request(code)
-        ws.send(request)
-        out, replied, idle = "", False, False
-        while not (replied and idle):
-            m = json.loads(ws.recv())
-            if m.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            t = m.get("msg_type")
-            if t == "stream":
-                out += m["content"]["text"]
-            elif t == "execute_reply":
-                if m["content"]["status"] != "ok":
-                    raise bench.StepError("kernel %s: %s" % (kid, m["content"]))
-                replied = True
-            elif t == "status" and m["content"]["execution_state"] == "idle":
-                idle = True
-        return out
+        return bench.ws_run(ws, code, "kernel " + kid)
     finally:
         ws.close()
 

@@ -24,7 +24,6 @@ a Slurm launcher and no warm pool, and one jupyter_server. Then, in one run:
   many     REMOTE_N Slurm kernels POSTed at once, each then answering `print(i)`: spawn -> all
            answered.
 """
-import json
 import os
 import statistics
 import sys
@@ -50,29 +49,10 @@ class Channel:
     """One kernel's websocket through a gateway."""
 
     def __init__(self, server, kid):
-        import websocket
-        self.ws = websocket.create_connection(
-            server.url.replace("http", "ws", 1) + "/api/kernels/%s/channels" % kid,
-            header=["Authorization: token " + server.token], timeout=120)
+        self.ws = bench.open_channels(server, kid, timeout=120)
 
     def run(self, code):
-        msg_id, request = bench.execute_request(code)
-        self.ws.send(request)
-        out, replied, idle = "", False, False
-        while not (replied and idle):
-            m = json.loads(self.ws.recv())
-            if m.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            t = m.get("msg_type")
-            if t == "stream":
-                out += m["content"]["text"]
-            elif t == "execute_reply":
-                if m["content"]["status"] != "ok":
-                    raise bench.StepError("execute: %s" % m["content"])
-                replied = True
-            elif t == "status" and m["content"]["execution_state"] == "idle":
-                idle = True
-        return out
+        return bench.ws_run(self.ws, code)
 
     def close(self):
         self.ws.close()

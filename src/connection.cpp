@@ -359,6 +359,18 @@ void ensure_private_dir(const fs::path& dir) {
 std::string new_uuid() { return format_uuid(true); }
 std::string new_hex_id() { return format_uuid(false); }
 
+bool tcp_accepts(const std::string& ip, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) == 1 &&
+                  ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
 std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid) {
   std::vector<int> ports;
   std::vector<int> fds;

@@ -453,8 +453,9 @@ struct KernelManager::Impl {
   // A restart of a remote kernel: its node launcher started it again on the same ports, in the
   // same job; false when it did not (then a new job is submitted).
   bool relaunched_in_place(KernelIo& k);
-  // Listening to a (re)started remote kernel: sockets and readiness.
-  void await_remote_ready(KernelIo& k);
+  // Listening to a kernel kgate did not launch just now (re-adopted, a remote one registered or
+  // restarted in place): its sockets, and readiness from scratch, in the phase it is in.
+  void await_ready(KernelIo& k);
   void scheduler_arm();
   void scheduler_tick();
   void on_scheduler(const std::vector<std::string>& jobs,
@@ -1406,6 +1407,15 @@ std::optional<std::chrono::system_clock::time_point> parse_header_date(const std
          std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(sec));
 }
 
+// An SSH forwarding's local end accepts connections once ssh is connected: waits for that, at
+// most 15 s, or until `gone()` says ssh exited.
+void wait_forwarding(int local_port, const std::function<bool()>& gone) {
+  for (auto until = Clock::now() + std::chrono::seconds(15); Clock::now() < until && !gone();) {
+    if (tcp_accepts("127.0.0.1", local_port)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 bool slurm_state_live(const std::string& st) {
   static const std::set<std::string> live = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING",
                                              "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
@@ -1813,20 +1823,7 @@ void KernelManager::Impl::open_link(KernelIo& k, bool reconnect) {
   const auto id = k.kernel->id();
   const auto epoch = k.epoch;
   spawn([this, id, epoch, ip, port, key = k.conn.key, forwarded, reconnect] {
-    if (forwarded) {  // ssh listens on the local ends once it is connected
-      const auto until = Clock::now() + std::chrono::seconds(15);
-      while (Clock::now() < until) {
-        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(static_cast<std::uint16_t>(port));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        const bool up = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-        if (fd >= 0) ::close(fd);
-        if (up) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
+    if (forwarded) wait_forwarding(port, [] { return false; });  // ssh listens once it is connected
     auto hello = ChildProcess::connect_node(ip, port, key, id, 5000);
     post([this, id, epoch, hello, reconnect]() mutable {
       KernelIo* kk = find(id);
@@ -1879,7 +1876,7 @@ void KernelManager::Impl::on_link(KernelIo& k, ChildProcess::SupervisorHello hel
     spdlog::warn("kernel {}: {}", id, e.what());
   }
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
-  await_remote_ready(k);
+  await_ready(k);
 }
 
 void KernelManager::Impl::relink_probe(const std::string& id, std::uint64_t epoch) {
@@ -1947,7 +1944,7 @@ void KernelManager::Impl::reconnect_try(const std::string& id, std::uint64_t epo
   open_link(*k, /*reconnect=*/true);
 }
 
-void KernelManager::Impl::await_remote_ready(KernelIo& k) {
+void KernelManager::Impl::await_ready(KernelIo& k) {
   open_sockets(k);
   k.ready_reply = false;
   k.iopub_seen = false;
@@ -1977,7 +1974,7 @@ bool KernelManager::Impl::relaunched_in_place(KernelIo& k) {
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
   spdlog::info("kernel {}: restarted in place (pid {}{})", k.kernel->id(), hello.pid,
                k.slurm_job.empty() ? "" : ", Slurm job " + k.slurm_job);
-  await_remote_ready(k);
+  await_ready(k);
   return true;
 }
 
@@ -2193,15 +2190,8 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
 
 void KernelManager::Impl::attach(KernelIo& k) {
   ++k.epoch;
-  open_sockets(k);
   k.phase = Phase::launching;
-  k.ready_reply = false;
-  k.iopub_seen = false;
-  k.info_sent = 0;
-  k.readiness_ids.clear();
-  k.ready_deadline = Clock::now() + opts.ready_timeout;
-  k.stall_deadline = k.ready_deadline;
-  send_kernel_info(k);
+  await_ready(k);
 }
 
 std::size_t KernelManager::detach_all() {
@@ -2284,17 +2274,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         lo.die_with_parent = true;
         try {
           tunnel = ChildProcess::launch(lo);
-          for (auto until = Clock::now() + std::chrono::seconds(15); Clock::now() < until && !tunnel.try_reap();) {
-            int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            sockaddr_in a{};
-            a.sin_family = AF_INET;
-            a.sin_port = htons(static_cast<std::uint16_t>(local_ports[5]));
-            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-            const bool up = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-            if (fd >= 0) ::close(fd);
-            if (up) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-          }
+          wait_forwarding(local_ports[5], [&tunnel] { return tunnel.try_reap(); });
         } catch (const std::exception& ex) {
           spdlog::warn("kernel {}: cannot forward its ports through ssh: {}", e.id, ex.what());
         }

@@ -341,19 +341,6 @@ std::string local_ip_towards(const std::string& ip, int port) {
   return buf;
 }
 
-// Whether something accepts TCP connections on ip:port (a probe: connected, then closed).
-bool tcp_listening(const std::string& ip, int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  ::close(fd);
-  return ok;
-}
-
 int listen_tcp(const std::string& ip, int& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
@@ -560,7 +547,7 @@ int node_launch(const std::filesystem::path& spec_file) {
           break;
         }
         listening = 0;
-        for (int p : ports) listening += tcp_listening(probe_ip, p) ? 1 : 0;
+        for (int p : ports) listening += tcp_accepts(probe_ip, p) ? 1 : 0;
         if (listening == ports.size()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }

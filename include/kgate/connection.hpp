@@ -83,6 +83,9 @@ void ensure_private_dir(const std::filesystem::path& dir);
 // relaunches on fresh ports.  Throws std::runtime_error when it cannot.
 std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid = {});
 
+// Whether something accepts TCP connections on ip:port (IPv4): a probe, connected and closed.
+bool tcp_accepts(const std::string& ip, int port);
+
 // A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
 std::string new_uuid();
 // A random uuid4 without dashes (32 hex digits).
