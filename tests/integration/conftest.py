@@ -144,6 +144,18 @@ def wait_until(pred, timeout, interval=0.05):
         time.sleep(interval)
 
 
+def assert_interrupts_a_sleep(kg, kid, ws):
+    """POST .../interrupt stops a running `time.sleep(60)` with KeyboardInterrupt, and the kernel
+    runs the next cell (over the open KernelWS `ws`)."""
+    pending = ws.execute_async("import time; time.sleep(60)", stop_on_error=False)
+    time.sleep(1.0)
+    status, _, _ = kg.rest("POST", f"/api/kernels/{kid}/interrupt")
+    assert status == 204
+    res = ws.collect(pending, timeout=20)
+    assert res.status == "error" and res.error["ename"] == "KeyboardInterrupt", res
+    assert ws.execute("1 + 1").status == "ok"
+
+
 def children_of(pid):
     kids = set()
     try:

@@ -12,7 +12,7 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from conftest import Kgate, wait_until
+from conftest import Kgate, assert_interrupts_a_sleep, wait_until
 from engines import SlurmCluster
 from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
@@ -109,15 +109,8 @@ def test_a_slurm_kernel_runs_in_its_job_and_is_cancelled_by_delete(kg, slurm):
         r = ws.execute("import os; print(os.environ.get('SLURM_JOB_ID'))")
         assert r.status == "ok", r
         assert r.stdout.strip() == job
-        # interrupt a sleep: SIGINT to the kernel on the node, through the control link
-        pending = ws.execute_async("import time; time.sleep(60)", stop_on_error=False)
-        time.sleep(1.0)
-        status, _, _ = kg.rest("POST", f"/api/kernels/{kid}/interrupt")
-        assert status == 204
-        res = ws.collect(pending, timeout=20)
-        assert res.status == "error" and res.error["ename"] == "KeyboardInterrupt", res
-        r = ws.execute("1 + 1")
-        assert r.status == "ok"
+        # SIGINT to the kernel on the node, through the control link
+        assert_interrupts_a_sleep(kg, kid, ws)
     kg.delete_kernel(kid)
     assert wait_until(lambda: job not in [j for j in slurm.jobs()], 30), slurm.run("squeue").stdout
 

@@ -2,13 +2,11 @@
 (engines.Sshd: Debian's openssh-server, a generated host key and user key, as root)."""
 
 import os
-import re
 import signal
-import time
 
 import pytest
 
-from conftest import Kgate, wait_until
+from conftest import Kgate, assert_interrupts_a_sleep, wait_until
 from engines import Sshd
 
 
@@ -39,7 +37,7 @@ def kg(kgate_bin, sshd, tmp_path_factory):
     empty_known = root / "empty_known_hosts"
     empty_known.write_text("")
     conn_dir = root / "node-runtime"
-    (root / "kgate.toml").write_text(f"""
+    (root / "kgate.toml").write_text("""
 [pool]
 size = 0
 
@@ -103,13 +101,7 @@ def test_an_ssh_kernel_executes_and_is_interrupted(kg, launcher):
     with kg.connect(kid) as ws:
         r = ws.execute("import os; print(os.getpid())")
         assert r.status == "ok", r
-        pending = ws.execute_async("import time; time.sleep(60)", stop_on_error=False)
-        time.sleep(1.0)
-        status, _, _ = kg.rest("POST", f"/api/kernels/{kid}/interrupt")
-        assert status == 204
-        res = ws.collect(pending, timeout=20)
-        assert res.status == "error" and res.error["ename"] == "KeyboardInterrupt", res
-        assert ws.execute("1 + 1").status == "ok"
+        assert_interrupts_a_sleep(kg, kid, ws)
     if launcher == "box":  # forwarded: kgate's connection file names its local ends
         conn = kg.connection_file(kid).read_text()
         assert '"ip": "127.0.0.1"' in conn or '"ip":"127.0.0.1"' in conn, conn
