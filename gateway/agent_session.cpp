@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/version.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -59,6 +60,15 @@ void AgentSession::on_read(beast::error_code ec, std::size_t) {
     spdlog::info("agent {} {}", agent_.agent,
                  clean ? "exited (closed its connection)" : "dropped its connection (" + ec.message() + ")");
   }
+}
+
+// The route (routes.hpp): ?agent=ID (required) and ?label=, each at most 256 bytes.
+void agent_socket(Call& c) {
+  std::string agent = query_param(c.query, "agent");
+  std::string label = query_param(c.query, "label");
+  if (agent.empty() || agent.size() > 256 || label.size() > 256)
+    return c.respond(json_error(c.req, http::status::bad_request, "agent=ID is required (at most 256 bytes; label too)"));
+  std::make_shared<AgentSession>(c.take_stream(), c.server, AgentRef{agent, label})->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

@@ -14,6 +14,7 @@
 #include "kgate/client/endpoint.hpp"
 #include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -44,7 +45,7 @@ namespace {
 
 json model_json(const KernelModel& m) { return kernel_model_json(m); }
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+}  // namespace
 
 std::vector<std::string> split_path(std::string_view path) {
   std::vector<std::string> parts;
@@ -59,6 +60,10 @@ std::vector<std::string> split_path(std::string_view path) {
   }
   return parts;
 }
+
+namespace {
+
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
 bool constant_time_equal(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -706,134 +711,101 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
   return std::nullopt;
 }
 
-void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
-  std::string path, query;
-  if (!split_target(req.target(), path, query)) {
-    respond(json_error(req, http::status::bad_request,
-                       "The request target is not valid: a bad %-escape, or one that does not decode to UTF-8"));
-    return;
-  }
-  const std::string& base = server.options().base_url;
-  if (base != "/") {
-    if (!starts_with(path, base) && path + "/" != base) {
-      respond(json_error(req, http::status::not_found, "Not found: " + path));
-      return;
-    }
-    path = "/" + path.substr(std::min(path.size(), base.size()));
-  }
-  auto parts = split_path(path);
-  for (auto& p : parts)
-    if (p == ".." || p == ".") {
-      respond(json_error(req, http::status::bad_request, "The request path may not contain . or .."));
-      return;
-    }
-  auto m = req.method();
-  auto n = parts.size();
+// ---- The handlers of the Jupyter API's routes (routes.cpp) ----
 
-  if (n >= 1 && parts[0] == "api") {
-    if (n == 1) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      json ext = {{"version", 1},
-                  {"base", server.options().base_url + "api/kgate/"},
-                  {"records", server.jobs().limits().enabled},
-                  {"features", {"jobs", "agent", "claims", "stop", "digest", "notebook", "observe", "attach"}}};
-      return respond(json_response(
-          req, http::status::ok,
-          json{{"version", KGATE_VERSION}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
-    }
-    if (parts[1] == "kgate") return handle_kgate(server, req, ctx, parts, query, std::move(respond));
-    if (n == 2 && parts[1] == "status") {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      json j = {{"started", server.started()},
-                {"last_activity", server.last_activity()},
-                {"kernels", server.manager().count()},
-                {"connections", server.hub().connections()}};
-      return respond(json_response(req, http::status::ok, j.dump()));
-    }
-    if (parts[1] == "kernels") {
-      if (n == 2) {
-        if (m == http::verb::get) {
-          json list = json::array();
-          for (auto& k : server.manager().list()) list.push_back(model_json(k->model()));
-          return respond(json_response(req, http::status::ok, kgate::dump_json(list)));
-        }
-        if (m == http::verb::post) return api_kernels_post(server, req, ctx, respond);
-        return respond(method_not_allowed(req, "GET, POST"));
-      }
-      const std::string& id = parts[2];
-      if (n == 3) {
-        if (m == http::verb::get) {
-          auto k = server.manager().get(id);
-          if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-          return respond(json_response(req, http::status::ok, kgate::dump_json(model_json(k->model()))));
-        }
-        if (m == http::verb::delete_) return kernel_action(server, req, id, "delete", respond);
-        return respond(method_not_allowed(req, "GET, DELETE"));
-      }
-      if (n == 4 && (parts[3] == "interrupt" || parts[3] == "restart")) {
-        if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-        return kernel_action(server, req, id, parts[3], respond);
-      }
-      if (n == 4 && parts[3] == "channels")
-        return respond(json_error(req, http::status::bad_request, "This endpoint takes a websocket upgrade"));
-    }
-    if (parts[1] == "kernelspecs" && n <= 3) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      std::string name = n == 3 ? parts[2] : "";
-      Request fake;
-      fake.version(req.version());
-      fake.keep_alive(req.keep_alive());
-      return server.with_catalog([&server, name, fake = std::move(fake), respond](std::shared_ptr<const Catalog> cat) {
-        if (name.empty()) return respond(json_response(fake, http::status::ok, server.kernelspecs_body(cat)));
-        const CatalogEntry* e = cat->find(name);
-        if (!e || !e->launchable)
-          return respond(json_error(fake, http::status::not_found,
-                                    "Kernel spec " + name + " not found" + (e ? " (" + e->reason + ")" : "")));
-        return respond(json_response(fake, http::status::ok, kgate::dump_json(kernelspec_json(server, e->spec))));
-      }, name);
-    }
-  }
-  if (n == 0 || (n == 1 && parts[0] == "observe")) {
-    if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
-    if (n == 1) return respond(observe_page(req));
-    Response res{http::status::found, req.version()};
-    res.set(http::field::server, "kgate/" KGATE_VERSION);
-    res.set(http::field::location, server.options().base_url + "observe" + (query.empty() ? "" : "?" + query));
-    res.keep_alive(req.keep_alive());
-    res.prepare_payload();
-    return respond(std::move(res));
-  }
-  if (n >= 3 && parts[0] == "kernelspecs") {
-    if (m != http::verb::get && m != http::verb::head) return respond(method_not_allowed(req, "GET, HEAD"));
-    // Any regular file of the kernelspec's directory, subdirectories too; the file must really
-    // be inside it (kernelspec_file).  From the newest catalog there is: no wait for a logo.
-    auto cat = server.discovery().snapshot();
-    const CatalogEntry* entry = cat->find(parts[1]);
-    std::string file = parts[2];
-    for (std::size_t i = 3; i < n; ++i) file += "/" + parts[i];
-    auto real = entry ? kernelspec_file(entry->spec.resource_dir, file) : std::nullopt;
-    std::ifstream in;
-    if (real) in.open(*real, std::ios::binary);
-    if (!real || !in)
-      return respond(json_error(req, http::status::not_found, "No file " + file + " in kernel spec " + parts[1]));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    Response res{http::status::ok, req.version()};
-    res.set(http::field::server, "kgate/" KGATE_VERSION);
-    res.set(http::field::content_type, kernelspec_content_type(file));
-    res.set("X-Content-Type-Options", "nosniff");
-    res.set(http::field::cache_control, "max-age=2592000");
-    res.keep_alive(req.keep_alive());
-    res.body() = ss.str();
-    res.prepare_payload();
-    if (m == http::verb::head) {
-      auto len = res.body().size();
-      res.body().clear();
-      res.content_length(len);
-    }
-    return respond(std::move(res));
-  }
-  respond(json_error(req, http::status::not_found, "Not found: " + path));
+void api_root(Call& c) {
+  json ext = {{"version", 1},
+              {"base", c.server.options().base_url + "api/kgate/"},
+              {"records", c.server.jobs().limits().enabled},
+              {"features", {"jobs", "agent", "claims", "stop", "digest", "notebook", "observe", "attach"}}};
+  c.respond(json_response(c.req, http::status::ok,
+                          json{{"version", KGATE_VERSION}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
 }
+
+void api_status(Call& c) {
+  json j = {{"started", c.server.started()},
+            {"last_activity", c.server.last_activity()},
+            {"kernels", c.server.manager().count()},
+            {"connections", c.server.hub().connections()}};
+  c.respond(json_response(c.req, http::status::ok, j.dump()));
+}
+
+void kernels_list(Call& c) {
+  json list = json::array();
+  for (auto& k : c.server.manager().list()) list.push_back(model_json(k->model()));
+  c.respond(json_response(c.req, http::status::ok, kgate::dump_json(list)));
+}
+
+void kernels_start(Call& c) { api_kernels_post(c.server, c.req, c.ctx, std::move(c.respond)); }
+
+void kernel_get(Call& c) {
+  auto k = c.server.manager().get(c.param(0));
+  if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
+  c.respond(json_response(c.req, http::status::ok, kgate::dump_json(model_json(k->model()))));
+}
+
+void kernel_delete(Call& c) { kernel_action(c.server, c.req, c.param(0), "delete", std::move(c.respond)); }
+void kernel_interrupt(Call& c) { kernel_action(c.server, c.req, c.param(0), "interrupt", std::move(c.respond)); }
+void kernel_restart(Call& c) { kernel_action(c.server, c.req, c.param(0), "restart", std::move(c.respond)); }
+
+namespace {
+
+// GET /api/kernelspecs[/{name}]: from the catalog once discovery has one (Server::with_catalog).
+void answer_kernelspecs(Call& c, const std::string& name) {
+  Request fake;
+  fake.version(c.req.version());
+  fake.keep_alive(c.req.keep_alive());
+  Server& server = c.server;
+  server.with_catalog([&server, name, fake = std::move(fake), respond = std::move(c.respond)](
+                          std::shared_ptr<const Catalog> cat) {
+    if (name.empty()) return respond(json_response(fake, http::status::ok, server.kernelspecs_body(cat)));
+    const CatalogEntry* e = cat->find(name);
+    if (!e || !e->launchable)
+      return respond(json_error(fake, http::status::not_found,
+                                "Kernel spec " + name + " not found" + (e ? " (" + e->reason + ")" : "")));
+    respond(json_response(fake, http::status::ok, kgate::dump_json(kernelspec_json(server, e->spec))));
+  }, name);
+}
+
+}  // namespace
+
+void kernelspecs_list(Call& c) { answer_kernelspecs(c, ""); }
+void kernelspec_get(Call& c) { answer_kernelspecs(c, c.param(0)); }
+
+void kernelspec_resource(Call& c) {
+  // Any regular file of the kernelspec's directory, subdirectories too; the file must really be
+  // inside it (kernelspec_file).  From the newest catalog there is: no wait for a logo.
+  auto cat = c.server.discovery().snapshot();
+  const std::string& name = c.param(0);
+  const std::string& file = c.param(1);
+  const CatalogEntry* entry = cat->find(name);
+  auto real = entry ? kernelspec_file(entry->spec.resource_dir, file) : std::nullopt;
+  std::ifstream in;
+  if (real) in.open(*real, std::ios::binary);
+  if (!real || !in)
+    return c.respond(json_error(c.req, http::status::not_found, "No file " + file + " in kernel spec " + name));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  Response res{http::status::ok, c.req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::content_type, kernelspec_content_type(file));
+  res.set("X-Content-Type-Options", "nosniff");
+  res.set(http::field::cache_control, "max-age=2592000");
+  res.keep_alive(c.req.keep_alive());
+  res.body() = ss.str();
+  res.prepare_payload();
+  c.respond(std::move(res));
+}
+
+void root_redirect(Call& c) {
+  Response res{http::status::found, c.req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::location, c.server.options().base_url + "observe" + (c.query.empty() ? "" : "?" + c.query));
+  res.keep_alive(c.req.keep_alive());
+  res.prepare_payload();
+  c.respond(std::move(res));
+}
+
+void observe(Call& c) { c.respond(observe_page(c.req)); }
 
 }  // namespace kgate::gw

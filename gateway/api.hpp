@@ -5,6 +5,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kgate/discovery.hpp"
 #include "kgate/kernel.hpp"
@@ -63,9 +65,9 @@ std::string kernelspec_content_type(std::string_view file);
 // names the setting, what kgate uses instead and the kernelspecs there are).  "" when it does.
 std::string default_kernel_warning(const Catalog& cat, const std::string& default_kernel);
 
-// Handles one (already checked, non-upgrade) request; calls `respond` exactly once, maybe
-// later (POST /api/kernels waits for the kernel to be ready).
-void handle_api(Server& server, const Request& req, const RequestContext& ctx, Respond respond);
+// Handles one (already checked, non-upgrade) request through the route table (routes.hpp);
+// calls `respond` exactly once, maybe later (POST /api/kernels waits for the kernel).
+void handle_api(Server& server, Request& req, const RequestContext& ctx, Respond respond);
 
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);
@@ -79,6 +81,8 @@ std::string lowercase(std::string_view s);
 // Whether a bind address is loopback ("localhost", "::1", 127.0.0.0/8).
 bool is_loopback_address(const std::string& ip);
 
+// A path's segments, split at '/' (empty ones dropped).
+std::vector<std::string> split_path(std::string_view path);
 // Splits a target into its path (percent-decoded) and query; false if a %-escape is bad or the
 // path, or any query key or value, does not decode to UTF-8.
 bool split_target(std::string_view target, std::string& path, std::string& query);

@@ -1,5 +1,5 @@
-// GET /api/kgate/kernelspecs: the kernel catalog with every entry's verdict (discovery.hpp).
-#include "discovery_api.hpp"
+// GET /api/kgate/kernelspecs (kgate_kernelspecs, routes.hpp): the kernel catalog with every entry's verdict (discovery.hpp).
+#include "routes.hpp"
 
 #include "kgate/utf8.hpp"
 #include "server.hpp"
@@ -18,18 +18,11 @@ Response catalog_response(Server& server, const Request& fake, const Catalog& ca
 
 }  // namespace
 
-void handle_kgate_kernelspecs(Server& server, const Request& req, const std::vector<std::string>& parts,
-                              const std::string& query, Respond respond) {
-  if (parts.size() != 3) {
-    std::string path;
-    for (auto& p : parts) path += "/" + p;
-    return respond(json_error(req, http::status::not_found, "Not found: " + path));
-  }
-  if (req.method() != http::verb::get) {
-    Response res = json_error(req, http::status::method_not_allowed, "Method not allowed (GET)");
-    res.set(http::field::allow, "GET");
-    return respond(std::move(res));
-  }
+void kgate_kernelspecs(Call& c) {
+  Server& server = c.server;
+  const Request& req = c.req;
+  const std::string& query = c.query;
+  Respond respond = std::move(c.respond);
   Request fake;
   fake.version(req.version());
   fake.keep_alive(req.keep_alive());

@@ -7,12 +7,11 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "routes.hpp"
 #include "http_io.hpp"
-#include "agent_session.hpp"
 #include "listener.hpp"
 #include "redact.hpp"
 #include "server.hpp"
-#include "ws_session.hpp"
 
 namespace kgate::gw {
 
@@ -146,46 +145,21 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
     return write(std::move(*refusal));
   }
 
-  if (websocket::is_upgrade(req)) {
-    std::string path, query;
-    if (!split_target(req.target(), path, query))
-      return write(json_error(req, http::status::bad_request,
-                              "The request target is not valid: a bad %-escape, or one that does not decode to UTF-8"));
-    const std::string& base = server_.options().base_url;
-    std::string rel = path.substr(0, base.size()) == base ? path.substr(base.size()) : "";
-    auto hand_over = [this] {
-      std::visit([](auto& s) { beast::get_lowest_layer(s).expires_never(); }, stream_);
-      return std::move(stream_);  // the whole stream, TLS state included; this session is done
-    };
-    // api/kernels/{id}/channels
-    static const std::string prefix = "api/kernels/";
-    static const std::string suffix = "/channels";
-    if (rel.size() > prefix.size() + suffix.size() && rel.compare(0, prefix.size(), prefix) == 0 &&
-        rel.compare(rel.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      std::string id = rel.substr(prefix.size(), rel.size() - prefix.size() - suffix.size());
-      auto kernel = server_.manager().get(id);
-      if (!kernel) return write(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-      std::string session = query_param(query, "session_id");
-      std::make_shared<WsSession>(hand_over(), server_, kernel, session)->run(std::move(req));
-      return;
-    }
-    if (rel == "api/kgate/agent") {
-      std::string agent = query_param(query, "agent");
-      std::string label = query_param(query, "label");
-      if (agent.empty() || agent.size() > 256 || label.size() > 256)
-        return write(json_error(req, http::status::bad_request,
-                                "agent=ID is required (at most 256 bytes; label too)"));
-      std::make_shared<AgentSession>(hand_over(), server_, AgentRef{agent, label})->run(std::move(req));
-      return;
-    }
-    return write(json_error(req, http::status::not_found, "No websocket endpoint at " + path));
-  }
-  server_.touch();
   RequestContext ctx{peer_loopback_, is_unix(stream_)};
-  handle_api(server_, req, ctx, [self = shared_from_this(), origin](Response res) {
+  auto respond = [self = shared_from_this(), origin](Response res) {
     add_cors_headers(self->server_.options(), origin, res);
     self->write(std::move(res));
-  });
+  };
+  if (websocket::is_upgrade(req)) {
+    // A websocket route takes the whole stream (TLS state included): this session is then done.
+    auto hand_over = [this] {
+      std::visit([](auto& s) { beast::get_lowest_layer(s).expires_never(); }, stream_);
+      return std::move(stream_);
+    };
+    return route(server_, req, ctx, std::move(respond), hand_over);
+  }
+  server_.touch();
+  route(server_, req, ctx, std::move(respond));
 }
 
 void HttpSession::write(Response res) {

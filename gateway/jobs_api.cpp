@@ -10,13 +10,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include "discovery_api.hpp"
 #include "kgate/jobs.hpp"
 #include "kgate/launcher.hpp"
 #include "kgate/process.hpp"
 #include "kgate/utf8.hpp"
 #include "kgate/version.hpp"
 #include "observe_page.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -493,141 +493,100 @@ Response observe_page(const Request& req) {
   return res;
 }
 
-void handle_kgate(Server& server, const Request& req, const RequestContext&, const std::vector<std::string>& parts,
-                  const std::string& query, Respond respond) {
-  auto m = req.method();
-  auto n = parts.size();  // parts[0] == "api", parts[1] == "kgate"
-  if (n >= 3 && parts[2] == "kernelspecs") return handle_kgate_kernelspecs(server, req, parts, query, std::move(respond));
-  if (n == 3 && parts[2] == "pool") {  // the warm pool and max_kernels (README "Warm pool")
-    if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-    json body = server.pool().status();
-    body["max_kernels"] = server.options().max_kernels;
-    return respond(json_response(req, http::status::ok, dump_json(body)));
-  }
-  if (n == 3 && parts[2] == "launchers") {  // remote launchers and whether each works now (DEV.md §4f)
-    if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-    // Probing runs the scheduler's commands (squeue, ssh): on a thread of its own, never the
-    // Asio one.  The thread touches only `st` (shared), never the server: kgate may exit while
-    // an ssh probe still waits; the Asio thread looks at `st` every 50 ms.
-    struct Probe {
-      std::mutex mu;
-      bool done = false;
-      json list;
-    };
-    auto st = std::make_shared<Probe>();
-    std::vector<LauncherPtr> ls;
-    for (const auto& [name, l] : server.options().launchers) ls.push_back(l);
-    std::thread([st, ls = std::move(ls)] {
-      block_async_signals_in_this_thread();
-      json list = json::array();
-      list.push_back({{"name", "local"}, {"kind", "local"}, {"usable", true}, {"default", true}});
-      for (const auto& l : ls) {
-        auto pr = probe_launcher(*l);
-        json j = {{"name", l->name}, {"kind", l->kind_name()}, {"usable", pr.usable}};
-        if (l->kind == LauncherConfig::Kind::slurm) j["options"] = l->slurm;
-        else j["host"] = l->host, j["forward"] = l->forward;
-        j["allow_override"] = l->allow_override;
-        if (!pr.usable) j["reason"] = pr.reason;
-        list.push_back(std::move(j));
-      }
-      std::lock_guard lk(st->mu);
-      st->list = std::move(list);
-      st->done = true;
-    }).detach();
-    Request fake;
-    fake.version(req.version());
-    fake.keep_alive(req.keep_alive());
-    auto timer = std::make_shared<net::steady_timer>(server.ioc());
-    auto check = std::make_shared<std::function<void()>>();
-    *check = [st, timer, fake, respond, weak = std::weak_ptr<std::function<void()>>(check)]() {
-      {
-        std::lock_guard lk(st->mu);
-        if (st->done) return respond(json_response(fake, http::status::ok, dump_json(json{{"launchers", st->list}})));
-      }
-      auto self = weak.lock();  // the running handler holds it
-      if (!self) return;
-      timer->expires_after(std::chrono::milliseconds(50));
-      timer->async_wait([self, timer](const boost::system::error_code& ec) {
-        if (!ec) (*self)();
-      });
-    };
-    // Each pending wait holds `check`; it refers to itself weakly, so nothing is left once answered.
-    timer->expires_after(std::chrono::milliseconds(20));
-    timer->async_wait([check, timer](const boost::system::error_code& ec) {
-      if (!ec) (*check)();
-    });
-    return;
-  }
-  if (!server.jobs().limits().enabled && n >= 3 && parts[2] != "kernels")
-    return respond(json_error(req, http::status::service_unavailable,
-                              "Job records are switched off in this kgate ([records] enabled = false)"));
-  if (n >= 3 && parts[2] == "jobs") {
-    if (n == 3) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      return get_jobs(server, req, query, std::move(respond));
-    }
-    const std::string& job = parts[3];
-    if (n == 4) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      std::string err;
-      auto wait = parse_wait(nullptr, query, err);
-      if (!wait) return respond(json_error(req, http::status::bad_request, err));
-      if (!server.jobs().job(job)) return respond(json_error(req, http::status::not_found, "No such job '" + job + "'"));
-      std::string dg = query_param(query, "digest");
-      if (!dg.empty() && dg != "0" && dg != "1")
-        return respond(json_error(req, http::status::bad_request, "digest=" + dg + ": expected 0 or 1"));
-      if (std::string agent = query_param(query, "agent"); !agent.empty()) server.jobs().touch_agent(AgentRef{agent, ""});
-      return respond_job_when_done(server, job, *wait, replier(req, std::move(respond)), dg == "1");
-    }
-    if (n == 5 && parts[4] == "interrupt") {
-      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-      return post_interrupt(server, req, job, std::move(respond));
-    }
-  }
-  if (n >= 3 && parts[2] == "kernels") {
-    if (n == 3) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      json list = json::array();
-      for (auto& k : server.manager().list()) list.push_back(kernel_ext_json(server, k));
-      return respond(json_response(req, http::status::ok, dump_json(list)));
-    }
-    const std::string& id = parts[3];
-    if (n == 4) {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      auto k = server.manager().get(id);
-      if (!k) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-      return respond(json_response(req, http::status::ok, dump_json(kernel_ext_json(server, k))));
-    }
-    if (!server.jobs().limits().enabled)
-      return respond(json_error(req, http::status::service_unavailable,
-                                "Job records are switched off in this kgate ([records] enabled = false)"));
-    const std::string& what = parts[4];
-    if (n == 5 && what == "execute") {
-      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-      return post_execute(server, req, id, std::move(respond));
-    }
-    if (n == 5 && what == "restart") {
-      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-      return post_restart(server, req, id, std::move(respond));
-    }
-    if (n == 5 && what == "digest") {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      return get_digest(server, req, id, query, std::move(respond));
-    }
-    if (n == 6 && what == "digest" && parts[5] == "ack") {
-      if (m != http::verb::post) return respond(method_not_allowed(req, "POST"));
-      return post_ack(server, req, id, std::move(respond));
-    }
-    if (n == 5 && what == "notebook") {
-      if (m != http::verb::get) return respond(method_not_allowed(req, "GET"));
-      return get_notebook(server, req, id, std::move(respond));
-    }
-  }
-  if (n == 3 && parts[2] == "agent")
-    return respond(json_error(req, http::status::bad_request, "This endpoint takes a websocket upgrade"));
-  std::string path;
-  for (auto& p : parts) path += "/" + p;
-  respond(json_error(req, http::status::not_found, "Not found: " + path));
+// ---- The handlers of the kgate routes (routes.cpp) ----
+
+void kgate_pool(Call& c) {  // the warm pool and max_kernels (README "Warm pool")
+  json body = c.server.pool().status();
+  body["max_kernels"] = c.server.options().max_kernels;
+  c.respond(json_response(c.req, http::status::ok, dump_json(body)));
 }
+
+void kgate_launchers(Call& c) {  // remote launchers and whether each works now (DEV.md §4f)
+  // Probing runs the scheduler's commands (squeue, ssh): on a thread of its own, never the
+  // Asio one.  The thread touches only `st` (shared), never the server: kgate may exit while
+  // an ssh probe still waits; the Asio thread looks at `st` every 50 ms.
+  struct Probe {
+    std::mutex mu;
+    bool done = false;
+    json list;
+  };
+  auto st = std::make_shared<Probe>();
+  std::vector<LauncherPtr> ls;
+  for (const auto& [name, l] : c.server.options().launchers) ls.push_back(l);
+  std::thread([st, ls = std::move(ls)] {
+    block_async_signals_in_this_thread();
+    json list = json::array();
+    list.push_back({{"name", "local"}, {"kind", "local"}, {"usable", true}, {"default", true}});
+    for (const auto& l : ls) {
+      auto pr = probe_launcher(*l);
+      json j = {{"name", l->name}, {"kind", l->kind_name()}, {"usable", pr.usable}};
+      if (l->kind == LauncherConfig::Kind::slurm) j["options"] = l->slurm;
+      else j["host"] = l->host, j["forward"] = l->forward;
+      j["allow_override"] = l->allow_override;
+      if (!pr.usable) j["reason"] = pr.reason;
+      list.push_back(std::move(j));
+    }
+    std::lock_guard lk(st->mu);
+    st->list = std::move(list);
+    st->done = true;
+  }).detach();
+  Request fake;
+  fake.version(c.req.version());
+  fake.keep_alive(c.req.keep_alive());
+  auto timer = std::make_shared<net::steady_timer>(c.server.ioc());
+  auto check = std::make_shared<std::function<void()>>();
+  *check = [st, timer, fake, respond = c.respond, weak = std::weak_ptr<std::function<void()>>(check)]() {
+    {
+      std::lock_guard lk(st->mu);
+      if (st->done) return respond(json_response(fake, http::status::ok, dump_json(json{{"launchers", st->list}})));
+    }
+    auto self = weak.lock();  // the running handler holds it
+    if (!self) return;
+    timer->expires_after(std::chrono::milliseconds(50));
+    timer->async_wait([self, timer](const boost::system::error_code& ec) {
+      if (!ec) (*self)();
+    });
+  };
+  // Each pending wait holds `check`; it refers to itself weakly, so nothing is left once answered.
+  timer->expires_after(std::chrono::milliseconds(20));
+  timer->async_wait([check, timer](const boost::system::error_code& ec) {
+    if (!ec) (*check)();
+  });
+}
+
+void jobs_list(Call& c) { get_jobs(c.server, c.req, c.query, std::move(c.respond)); }
+
+void job_get(Call& c) {
+  const std::string& job = c.param(0);
+  std::string err;
+  auto wait = parse_wait(nullptr, c.query, err);
+  if (!wait) return c.respond(json_error(c.req, http::status::bad_request, err));
+  if (!c.server.jobs().job(job)) return c.respond(json_error(c.req, http::status::not_found, "No such job '" + job + "'"));
+  std::string dg = query_param(c.query, "digest");
+  if (!dg.empty() && dg != "0" && dg != "1")
+    return c.respond(json_error(c.req, http::status::bad_request, "digest=" + dg + ": expected 0 or 1"));
+  if (std::string agent = query_param(c.query, "agent"); !agent.empty()) c.server.jobs().touch_agent(AgentRef{agent, ""});
+  respond_job_when_done(c.server, job, *wait, replier(c.req, std::move(c.respond)), dg == "1");
+}
+
+void job_interrupt(Call& c) { post_interrupt(c.server, c.req, c.param(0), std::move(c.respond)); }
+
+void kgate_kernels_list(Call& c) {
+  json list = json::array();
+  for (auto& k : c.server.manager().list()) list.push_back(kernel_ext_json(c.server, k));
+  c.respond(json_response(c.req, http::status::ok, dump_json(list)));
+}
+
+void kgate_kernel_get(Call& c) {
+  auto k = c.server.manager().get(c.param(0));
+  if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
+  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
+}
+
+void kgate_execute(Call& c) { post_execute(c.server, c.req, c.param(0), std::move(c.respond)); }
+void kgate_restart(Call& c) { post_restart(c.server, c.req, c.param(0), std::move(c.respond)); }
+void kgate_digest(Call& c) { get_digest(c.server, c.req, c.param(0), c.query, std::move(c.respond)); }
+void kgate_digest_ack(Call& c) { post_ack(c.server, c.req, c.param(0), std::move(c.respond)); }
+void kgate_notebook(Call& c) { get_notebook(c.server, c.req, c.param(0), std::move(c.respond)); }
 
 }  // namespace kgate::gw

@@ -44,9 +44,6 @@ class Waiters {
   std::list<std::shared_ptr<Wait>> waits_;
 };
 
-// Handles GET/POST {base}api/kgate/...  (`parts` is the path split at '/', from "api").
-void handle_kgate(Server& server, const Request& req, const RequestContext& ctx,
-                  const std::vector<std::string>& parts, const std::string& query, Respond respond);
 // GET {base}observe: the observe page.
 Response observe_page(const Request& req);
 // The shell command that attaches qtconsole / jupyter console to a kernel's connection file.

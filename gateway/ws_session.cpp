@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/version.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -244,6 +245,14 @@ void WsSession::detach() {
   }
   if (counted_) server_.hub().detach(kernel_, this, route_, std::move(unsent));
   spdlog::info("kernel {}: websocket closed (session {})", kernel_->id(), route_);
+}
+
+// The route (routes.hpp): ?session_id= names the Jupyter session, as jupyter_server reads it.
+void kernel_channels(Call& c) {
+  auto kernel = c.server.manager().get(c.param(0));
+  if (!kernel) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
+  std::string session = query_param(c.query, "session_id");
+  std::make_shared<WsSession>(c.take_stream(), c.server, kernel, session)->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

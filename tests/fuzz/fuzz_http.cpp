@@ -65,7 +65,7 @@ struct Harness {
   }
 };
 
-void serve(Server& server, const Request& req, const RequestContext& ctx) {
+void serve(Server& server, Request req, const RequestContext& ctx) {
   auto replies = std::make_shared<int>(0);
   auto check = [replies](const Response& res) {
     must(++*replies == 1);

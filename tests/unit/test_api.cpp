@@ -1,4 +1,4 @@
-// Unit tests for the REST helpers: target splitting, query parameters, the Host/Origin/token
+// Unit tests for the REST helpers: the route table and its matching, target splitting, query parameters, the Host/Origin/token
 // checks of check_request, CORS (preflights and response headers), kernel_id's UUID check, the
 // kernelspec file lookup and its content types, the default_kernel warning, and the json_error body.
 #include "api.hpp"
@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "routes.hpp"
 #include "server.hpp"
 #include "support.hpp"
 
@@ -21,6 +22,82 @@ namespace {
 namespace fs = std::filesystem;
 
 using kgate::test::TempDir;
+
+// ---- the route table ----------------------------------------------------------------------
+
+RouteMatch resolve(const std::string& path, unsigned method) { return match_route(routes(), split_path(path), method); }
+
+TEST(Routes, EachPathReachesItsHandler) {
+  struct Case {
+    const char* path;
+    unsigned method;
+    Handler handler;
+    std::vector<std::string> params;
+  };
+  const Case cases[] = {
+      {"/", on::get, root_redirect, {}},
+      {"/api", on::get, api_root, {}},
+      {"/api/kernels/", on::post, kernels_start, {}},  // a trailing '/' is the same path
+      {"/api/kernels/k1", on::del, kernel_delete, {"k1"}},
+      {"/api/kernels/k1/restart", on::post, kernel_restart, {"k1"}},
+      {"/api/kernels/k1/channels", on::ws, kernel_channels, {"k1"}},
+      {"/api/kgate/kernels/k1/restart", on::post, kgate_restart, {"k1"}},
+      {"/api/kgate/kernels/k1/digest/ack", on::post, kgate_digest_ack, {"k1"}},
+      {"/api/kgate/jobs/job-3/interrupt", on::post, job_interrupt, {"job-3"}},
+      {"/kernelspecs/python3/logo-64x64.png", on::head, kernelspec_resource, {"python3", "logo-64x64.png"}},
+      {"/kernelspecs/python3/sub/dir/f.js", on::get, kernelspec_resource, {"python3", "sub/dir/f.js"}},
+  };
+  for (const auto& c : cases) {
+    auto m = resolve(c.path, c.method);
+    ASSERT_NE(m.route, nullptr) << c.path;
+    EXPECT_EQ(m.route->handler, c.handler) << c.path;
+    EXPECT_EQ(m.params, c.params) << c.path;
+  }
+}
+
+TEST(Routes, RecordsRoutesAreMarked) {
+  EXPECT_TRUE(resolve("/api/kgate/jobs", on::get).route->records);
+  EXPECT_TRUE(resolve("/api/kgate/kernels/k/execute", on::post).route->records);
+  EXPECT_FALSE(resolve("/api/kgate/kernels/k", on::get).route->records);
+  EXPECT_FALSE(resolve("/api/kgate/pool", on::get).route->records);
+}
+
+TEST(Routes, AWrongMethodListsThePathsMethods) {
+  auto m = resolve("/api/kernels/k1", on::post);
+  EXPECT_EQ(m.route, nullptr);
+  EXPECT_EQ(allow_list(m.path_methods), "GET, DELETE");
+  m = resolve("/api/kernels", on::del);
+  EXPECT_EQ(allow_list(m.path_methods), "GET, POST");
+  m = resolve("/observe", on::post);
+  EXPECT_EQ(allow_list(m.path_methods), "GET, HEAD");
+  // A websocket-only path: no plain method at all.
+  m = resolve("/api/kgate/agent", on::get);
+  EXPECT_EQ(m.route, nullptr);
+  EXPECT_EQ(m.path_methods, on::ws);
+  EXPECT_EQ(allow_list(m.path_methods), "");
+}
+
+TEST(Routes, UnknownPathsMatchNothing) {
+  for (const char* p : {"/api/kernel", "/api/kernels/a/b", "/api/kernels/k1/interrupt/x", "/kernelspecs/python3",
+                        "/api/kgate", "/api/kgate/jobs/j/x", "/observe/x", "/x"}) {
+    auto m = resolve(p, on::get);
+    EXPECT_EQ(m.route, nullptr) << p;
+    EXPECT_EQ(m.path_methods, 0u) << p;
+  }
+}
+
+TEST(Routes, EveryPatternIsWellFormed) {
+  // Literal segments, {name}, and a {name*} only last; no two routes share path and method.
+  for (const auto& r : routes()) {
+    EXPECT_NE(r.methods, 0u) << r.pattern;
+    EXPECT_NE(r.handler, nullptr) << r.pattern;
+    auto star = r.pattern.find("*}");
+    if (star != std::string_view::npos) EXPECT_EQ(star + 2, r.pattern.size()) << r.pattern;
+    EXPECT_EQ(r.pattern.find("//"), std::string_view::npos) << r.pattern;
+    for (const auto& o : routes())
+      if (&o != &r && o.pattern == r.pattern) EXPECT_EQ(o.methods & r.methods, 0u) << r.pattern;
+  }
+}
 
 // ---- split_target ------------------------------------------------------------------------
 
