@@ -711,6 +711,13 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
   return std::nullopt;
 }
 
+void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond) {
+  Request req{http::verb::post, "/api/kernels", version};
+  req.body() = body.dump();
+  req.prepare_payload();
+  api_kernels_post(server, req, RequestContext{true, false}, std::move(respond));
+}
+
 // ---- The handlers of the Jupyter API's routes (routes.cpp) ----
 
 void api_root(Call& c) {

@@ -69,6 +69,10 @@ std::string default_kernel_warning(const Catalog& cat, const std::string& defaul
 // calls `respond` exactly once, maybe later (POST /api/kernels waits for the kernel).
 void handle_api(Server& server, Request& req, const RequestContext& ctx, Respond respond);
 
+// Starts a kernel exactly as POST /api/kernels with `body` from a loopback client would (the
+// env policy of a loopback client applies); `respond` gets that POST's answer (201, 202 or an
+// error).  The sessions API starts its kernels with it.
+void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond);
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);
 // DELETE / interrupt / restart of a kernel; replies like jupyter_server.  `gated`: the caller

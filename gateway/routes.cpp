@@ -22,6 +22,11 @@ const std::vector<Route>& routes() {
       {get,        "api/kernelspecs",                        kernelspecs_list},
       {get,        "api/kernelspecs/{name}",                 kernelspec_get},
       {get | head, "kernelspecs/{name}/{file*}",             kernelspec_resource},
+      {get,        "api/sessions",                           sessions_list},
+      {post,       "api/sessions",                           session_create},
+      {get,        "api/sessions/{session_id}",              session_get},
+      {patch,      "api/sessions/{session_id}",              session_patch},
+      {del,        "api/sessions/{session_id}",              session_delete},
       // kgate's own (README "Session records", "Warm pool", "Kernels on a cluster or another host").
       {get,        "api/kgate/kernelspecs",                  kgate_kernelspecs},
       {get,        "api/kgate/pool",                         kgate_pool},

@@ -85,6 +85,13 @@ void kernelspec_resource(Call&);   // GET /kernelspecs/{name}/{file*}: a logo, k
 void root_redirect(Call&);         // GET /: to the observe page
 void observe(Call&);               // GET /observe: the observe page
 
+// sessions_api.cpp: the sessions API (sessions.hpp).
+void sessions_list(Call&);         // GET /api/sessions
+void session_create(Call&);        // POST /api/sessions
+void session_get(Call&);           // GET /api/sessions/{session_id}
+void session_patch(Call&);         // PATCH /api/sessions/{session_id}: path, name, type, kernel
+void session_delete(Call&);        // DELETE /api/sessions/{session_id}
+
 // ws_session.cpp and agent_session.cpp: the websockets.
 void kernel_channels(Call&);       // /api/kernels/{kernel_id}/channels
 void agent_socket(Call&);          // /api/kgate/agent?agent=ID: an agent's liveness

@@ -69,6 +69,10 @@ Server::Server(GatewayOptions opts)
     for (const auto& k : manager_->list())  // listed dead: it ended while no kgate was running
       if (auto m = k->model(); m.execution_state == "dead") jobs_.lost_while_away(m.id, m.reason);
   }
+  // The sessions of the kernels re-adopted come back; the others' end with their kernels.
+  sessions_ = std::make_unique<SessionStore>(state_.path() / "sessions.json");
+  if (auto n = sessions_->prune([this](const std::string& id) { return manager_->get(id) != nullptr; }); n)
+    spdlog::info("{} session{} ended with kernels that did not outlive the kgate before", n, n == 1 ? "" : "s");
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   pool_ = std::make_unique<WarmPool>(*this);
   // A change in the records (on any thread) re-checks the waiting requests, once per burst.

@@ -21,6 +21,7 @@
 #include "net.hpp"
 #include "options.hpp"
 #include "pool.hpp"
+#include "sessions.hpp"
 
 namespace kgate::gw {
 
@@ -75,6 +76,8 @@ class Server {
   std::optional<CullTimeout> cull_timeout(const Kernel& k) const;
 
   WarmPool& pool() { return *pool_; }
+  // The sessions API's sessions (Asio thread only).
+  SessionStore& sessions() { return *sessions_; }
 
   // SIGHUP: `load` reads kgate.toml again with the command line's flags applied over it (main
   // provides it) and reload() takes on what can change in a running kgate: tokens, limits,
@@ -123,6 +126,7 @@ class Server {
   std::unique_ptr<KernelManager> manager_;
   DiscoveryService discovery_;  // after ioc_: its callbacks post into it
   std::unique_ptr<WarmPool> pool_;
+  std::unique_ptr<SessionStore> sessions_;  // after the kernels are re-adopted: it drops those of the others
   std::function<GatewayOptions()> reloader_;
   std::size_t starts_pending_ = 0;             // admitted POSTs whose start is not done
   std::vector<std::string> admitted_kernels_;  // kernels those POSTs made (pruned in admit)

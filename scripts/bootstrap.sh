@@ -24,14 +24,15 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
-# Node.js and npm (the MCP TypeScript SDK end-to-end test): any install will do. A NodeSource
+# Node.js and npm (the end-to-end tests with the MCP TypeScript SDK and @jupyterlab/services): any install will do. A NodeSource
 # nodejs bundles npm and conflicts with Debian's npm package, so only look for the commands.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   missing+=(nodejs npm)
 fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# The MCP TypeScript SDK for the end-to-end test, from npm, exactly as package-lock.json pins it.
+# The MCP TypeScript SDK and @jupyterlab/services for the end-to-end tests, from npm, exactly as
+# package-lock.json pins them.
 npm_deps() {
   local dir="$here/tests/e2e"
   if [ -f "$dir/package-lock.json" ] && { [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; }; then

@@ -799,7 +799,7 @@ ToolReply Translator::connect(Call& c) {
       auto d = client(old->ep)->request("DELETE", "api/kernels/" + old->kernel, nullptr, 15s);
       if (d.status != 204 && d.status != 404) note = "\nnote: stopping the auto kernel failed (" + d.message() + ")";
     }
-    Current cur{ep, matches[0], false, old && old->kernel == matches[0] && old->made, kgate};
+    Current cur{ep, matches[0], false, old && old->kernel == matches[0] && old->made, kgate, "", false};
     make_current(cur);
     std::vector<std::string> to_ack;
     std::string fnote = foreign_note(Target{cur, http}, to_ack);
@@ -895,6 +895,33 @@ ToolReply Translator::execute(Call& c) {
   return r;
 }
 
+
+namespace {
+
+// Someone else's cell as poll_job shows it: "Code:" and its lines indented by 4, at most
+// kCodeLines lines and kCodeBytes bytes (what is left out is counted).
+constexpr std::size_t kCodeLines = 40, kCodeBytes = 4000;
+std::string quoted_code(const std::string& code) {
+  if (code.empty()) return "";
+  std::string out = "Code:\n";
+  std::size_t lines = 0, i = 0;
+  while (i < code.size() && lines < kCodeLines && out.size() < kCodeBytes) {
+    auto nl = code.find('\n', i);
+    if (nl == std::string::npos) nl = code.size();
+    out += "    " + code.substr(i, std::min(nl - i, kCodeBytes)) + "\n";
+    ++lines;
+    i = nl + 1;
+  }
+  if (i < code.size()) {
+    std::size_t rest = code.back() == '\n' ? 0 : 1;
+    for (std::size_t k = i; k < code.size(); ++k) rest += code[k] == '\n';
+    out += "    … (" + std::to_string(rest) + " more line" + (rest == 1 ? "" : "s") + " not shown)\n";
+  }
+  return out + "Output:\n";
+}
+
+}  // namespace
+
 ToolReply Translator::poll_job(Call& c) {
   std::string job = str_arg(c.arguments, "job");
   if (job.empty()) throw InvalidParams("'job' (job-N) is required");
@@ -923,6 +950,8 @@ ToolReply Translator::poll_job(Call& c) {
   std::string head = job + ": " + status_of(rec) + " (" + fmt_seconds(rec.value("elapsed", 0.0)) + " s)" +
                      (rec.value("origin", "") == "user" ? ", run by the user" : "");
   std::string text = head + "\n";
+  // A cell the agent did not send: its code too, which the agent has no other way to read.
+  if (rec.value("origin", "") == "user") text += quoted_code(rec.value("code", ""));
   if (!ended) {
     std::string body = render_text(outs);
     text += "Partial output:\n" + (body.empty() ? std::string("(no output)") : body);

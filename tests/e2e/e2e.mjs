@@ -27,6 +27,7 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
+import { KernelManager, ServerConnection, SessionManager } from "@jupyterlab/services";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 
@@ -228,6 +229,30 @@ async function connectFresh(conv) {
   return { kernel: m[0], text: r.text };
 }
 
+/** @jupyterlab/services (what JupyterLab, VS Code's Jupyter extension and nteract use) pointed
+ *  straight at kgate: its KernelManager and SessionManager, with their own polling. */
+function jupyterlabManagers() {
+  const baseUrl = `${(process.env.KGATE_URL || "http://127.0.0.1:8787").replace(/\/$/, "")}/`;
+  const serverSettings = ServerConnection.makeSettings({ baseUrl, token: TOKEN });
+  const kernelManager = new KernelManager({ serverSettings });
+  const sessionManager = new SessionManager({ kernelManager, serverSettings });
+  return {
+    kernelManager, sessionManager,
+    dispose() { sessionManager.dispose(); kernelManager.dispose(); },
+  };
+}
+
+/** Runs `code` on a session's kernel connection; resolves to {status, stdout}. */
+async function labRun(session, code) {
+  let stdout = "";
+  const future = session.kernel.requestExecute({ code });
+  future.onIOPub = (msg) => {
+    if (msg.header.msg_type === "stream") stdout += msg.content.text;
+  };
+  const reply = await future.done;
+  return { status: reply.content.status, stdout, reply: reply.content };
+}
+
 const scenarios = {
   /** connect creates a kernel and names it; execute('1+1') -> 2. */
   async connect(conv) {
@@ -388,6 +413,86 @@ kc.stop_channels()
     check(/^5\s*$/m.test(r2.text.split("\n")[0]), "the user's variable is visible", r2.text);
     for (const j of jobs1) check(!r2.text.includes(j), `the note about ${j} is not repeated`, r2.text);
     return { connection_file: file, note: clip(r1.text, 400) };
+  },
+
+  /** A notebook opened with @jupyterlab/services on the agent's kernel: its cell is noted in the
+   *  agent's next reply, a rename is kept, and closing the notebook leaves the agent's kernel. */
+  async notebook_session(conv) {
+    const { kernel } = await connectFresh(conv);
+    await conv.ok("execute", { code: "x_agent = 1" });
+    const lab = jupyterlabManagers();
+    try {
+      await lab.sessionManager.ready;
+      const session = await lab.sessionManager.startNew({
+        path: "work/nb.ipynb", name: "nb.ipynb", type: "notebook", kernel: { id: kernel },
+      });
+      check(session.kernel && session.kernel.id === kernel, "the session is on the agent's kernel", session.model);
+      const run = await labRun(session, "x_nb = 40 + x_agent + 1\nprint('from the notebook')");
+      check(run.status === "ok" && run.stdout === "from the notebook\n", "the notebook's cell ran", run);
+      const found = await lab.sessionManager.findByPath("work/nb.ipynb");
+      check(found && found.id === session.id, "findByPath finds the session", found);
+
+      await sleep(300); // the gateway records the end from the kernel's iopub
+      const r = await conv.ok("execute", { code: "x_nb" });
+      check(/^42\s*$/m.test(r.text), "the agent sees the notebook's variable", r.text);
+      check(jobsIn(r.text).length >= 1 && /user/i.test(r.text), "the agent's reply notes the notebook's cell", r.text);
+      const cell = await conv.ok("poll_job", { job: jobsIn(r.text)[0] });
+      check(cell.text.includes("x_nb = 40") && cell.text.includes("from the notebook"),
+        "poll_job on the noted job shows the notebook's cell and its output", cell.text);
+
+      await session.setPath("work/renamed.ipynb");
+      const listed = await gatewayGet("/api/sessions");
+      check(listed.length === 1 && listed[0].path === "work/renamed.ipynb", "the rename is kept", listed);
+      check(listed[0].kernel.id === kernel && listed[0].type === "notebook", "same kernel, same type", listed);
+
+      await session.shutdown(); // DELETE /api/sessions/{id}: "Shut Down Kernel" in JupyterLab
+      check((await gatewayGet("/api/sessions")).length === 0, "the session is gone");
+      const after = await conv.ok("execute", { code: "x_agent" });
+      check(/^1\s*$/m.test(after.text), "the agent's kernel outlives the notebook's session", after.text);
+      return { note: clip(r.text, 400) };
+    } finally {
+      lab.dispose();
+    }
+  },
+
+  /** A notebook's whole life with @jupyterlab/services alone: start (a new kernel), run, change
+   *  kernel, restart, shut down; nothing is left on the gateway. */
+  async notebook_lifecycle() {
+    const lab = jupyterlabManagers();
+    try {
+      await lab.sessionManager.ready;
+      const session = await lab.sessionManager.startNew({
+        path: "lab/life.ipynb", name: "life.ipynb", type: "notebook", kernel: { name: "python3" },
+      });
+      const first = session.kernel.id;
+      check((await labRun(session, "y = 7")).status === "ok", "a cell runs on the session's new kernel");
+      const again = await lab.sessionManager.startNew({ path: "lab/life.ipynb", type: "notebook", kernel: { name: "python3" } });
+      check(again.id === session.id && again.kernel.id === first, "a second start on the same path gets the same session");
+      again.dispose();
+
+      await session.changeKernel({ name: "python3" });
+      const second = session.kernel.id;
+      check(second && second !== first, "changeKernel starts a new kernel", { first, second });
+      const ids = (await gatewayGet("/api/kernels")).map((k) => k.id);
+      check(!ids.includes(first), "the session's old kernel, which it started, is shut down", ids);
+      const fresh = await labRun(session, "print('y' in globals())");
+      check(fresh.stdout === "False\n", "the new kernel is fresh", fresh);
+
+      await labRun(session, "z = 1");
+      await session.kernel.restart();
+      const restarted = await labRun(session, "print('z' in globals())");
+      check(restarted.stdout === "False\n", "a restart gives a fresh interpreter", restarted);
+      check(session.kernel.id === second, "a restart keeps the kernel's id");
+
+      await session.shutdown();
+      const left = (await gatewayGet("/api/kernels")).map((k) => k.id);
+      check(!left.includes(second), "shutting the session down stops the kernel it started", left);
+      await lab.sessionManager.refreshRunning();
+      check([...lab.sessionManager.running()].length === 0, "no session is left");
+      return { kernels: [first, second] };
+    } finally {
+      lab.dispose();
+    }
   },
 
   /** inspectors.py through connect: a note, a block (the cell does not run), a crashing

@@ -23,7 +23,8 @@ E2E_DIR = REPO / "tests" / "e2e"
 E2E_SCRIPT = E2E_DIR / "e2e.mjs"
 TOKEN = "kgate-e2e-token-9f3c1d"
 SCENARIOS = ["connect", "matplotlib", "error", "long", "cancel", "foreign", "inspectors",
-             "inspectors_broken", "display_outputs", "inline_images"]
+             "inspectors_broken", "display_outputs", "inline_images", "notebook_session",
+             "notebook_lifecycle"]
 SCENARIO_TIMEOUT = 170  # seconds; the suite's per-test limit is 180
 
 STARTUP_PY = '''\

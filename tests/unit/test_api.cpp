@@ -92,10 +92,14 @@ TEST(Routes, EveryPatternIsWellFormed) {
     EXPECT_NE(r.methods, 0u) << r.pattern;
     EXPECT_NE(r.handler, nullptr) << r.pattern;
     auto star = r.pattern.find("*}");
-    if (star != std::string_view::npos) EXPECT_EQ(star + 2, r.pattern.size()) << r.pattern;
+    if (star != std::string_view::npos) {
+      EXPECT_EQ(star + 2, r.pattern.size()) << r.pattern;
+    }
     EXPECT_EQ(r.pattern.find("//"), std::string_view::npos) << r.pattern;
     for (const auto& o : routes())
-      if (&o != &r && o.pattern == r.pattern) EXPECT_EQ(o.methods & r.methods, 0u) << r.pattern;
+      if (&o != &r && o.pattern == r.pattern) {
+        EXPECT_EQ(o.methods & r.methods, 0u) << r.pattern;
+      }
   }
 }
 

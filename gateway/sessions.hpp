@@ -1,0 +1,63 @@
+// The Jupyter sessions API's store (/api/sessions, README "Sessions"): which notebook, console
+// or file (path, name, type) uses which kernel.  In memory, and in <state>/sessions.json (0600,
+// written whole and renamed over the old one on every change), so that the sessions of kernels
+// that outlive kgate come back with them (DEV.md §4e).
+//
+// A session is gone once its kernel is: every read first drops the sessions whose kernel is no
+// longer listed (deleted, culled, or not re-adopted), as jupyter_server's session manager does.
+//
+// Threading: the Asio thread only.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kgate::gw {
+
+struct Session {
+  std::string id;  // a UUID
+  std::string path;
+  std::string name;
+  std::string type;
+  std::string kernel_id;
+  // The session started its kernel (not one it was opened on): only then does deleting the
+  // session, or moving it to another kernel, shut that kernel down, and only if no other
+  // session uses it.  An agent's kernel a notebook was opened on is never shut down by it.
+  bool started_kernel = false;
+};
+
+class SessionStore {
+ public:
+  // At most this many sessions: a POST past it is refused (503).  Sessions are small, but each
+  // is listed on every GET and written on every change.
+  static constexpr std::size_t kMaxSessions = 10000;
+
+  // `file` "": in memory only.  The file is read at once; an unreadable one is logged and set
+  // aside as sessions.json.bad, never fatal.
+  explicit SessionStore(std::filesystem::path file);
+
+  // Drops the sessions whose kernel `alive` says is gone.  Returns how many.
+  std::size_t prune(const std::function<bool(const std::string& kernel_id)>& alive);
+
+  const std::vector<Session>& all() const { return sessions_; }
+  const Session* find(const std::string& id) const;
+  const Session* find_path(const std::string& path) const;
+  // Whether a session other than `except` uses `kernel_id`.
+  bool kernel_shared(const std::string& kernel_id, const std::string& except) const;
+  bool full() const { return sessions_.size() >= kMaxSessions; }
+
+  void add(Session s);
+  void update(const Session& s);  // by s.id
+  void remove(const std::string& id);
+
+ private:
+  void save();
+
+  std::filesystem::path file_;
+  std::vector<Session> sessions_;
+};
+
+}  // namespace kgate::gw
