@@ -54,7 +54,7 @@ def test_preflight_from_a_listed_origin_is_answered_without_the_token(kg):
     assert hdrs.get("Access-Control-Allow-Origin") == APP, dict(hdrs)
     assert hdrs.get("Access-Control-Allow-Credentials") == "true", dict(hdrs)
     methods = {m.strip() for m in hdrs.get("Access-Control-Allow-Methods", "").split(",")}
-    assert {"GET", "POST", "DELETE"} <= methods, dict(hdrs)
+    assert {"GET", "POST", "PATCH", "DELETE"} <= methods, dict(hdrs)
     allowed = hdrs.get("Access-Control-Allow-Headers", "").lower()
     assert "authorization" in allowed and "content-type" in allowed, dict(hdrs)
     assert int(hdrs.get("Access-Control-Max-Age", "0")) > 0, dict(hdrs)
