@@ -274,7 +274,7 @@ json Translator::tool_list() const {
   };
   json host = {{"type", "string"},
                {"description", "'' = the local kgate; a gateways.toml name; or a URL. Never a token."}};
-  return json::array({
+  json tools = json::array({
       {{"name", "connect"},
        {"description", kConnectDesc},
        {"inputSchema", obj({{"host", host},
@@ -307,6 +307,35 @@ json Translator::tool_list() const {
       {{"name", "interrupt"}, {"description", kInterruptDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
       {{"name", "server_status"}, {"description", kStatusDesc}, {"inputSchema", obj(json::object())}},
   });
+  // MCP's tool annotations (2025-03-26 on): hints a client may use to ask before a call, or to
+  // run read-only ones without asking. Titles are for people; the names stay what agents call.
+  struct Hints {
+    const char* title;
+    bool read_only, destructive, idempotent, open_world;
+  };
+  static const std::map<std::string, Hints> hints = {
+      {"connect", {"Connect to a kernel", false, false, false, false}},
+      // Arbitrary code: it may change anything the kernel can reach, the network included.
+      {"execute", {"Run Python code in the kernel", false, true, false, true}},
+      {"poll_job", {"Read a job's state and output", true, false, true, false}},
+      {"list_kernels", {"List kernelspecs and kernels", true, false, true, false}},
+      // Stopping twice stops once; its variables are lost either way.
+      {"stop_kernel", {"Stop a kernel", false, true, true, false}},
+      {"restart", {"Restart a kernel (its variables are lost)", false, true, false, false}},
+      {"interrupt", {"Interrupt the running cell", false, false, true, false}},
+      {"server_status", {"Gateway and kernel status", true, false, true, false}},
+  };
+  for (auto& t : tools) {
+    const Hints& h = hints.at(t["name"].get<std::string>());
+    t["title"] = h.title;
+    json a = {{"title", h.title}, {"readOnlyHint", h.read_only}, {"openWorldHint", h.open_world}};
+    if (!h.read_only) {  // both are meaningful only for a tool that changes something
+      a["destructiveHint"] = h.destructive;
+      a["idempotentHint"] = h.idempotent;
+    }
+    t["annotations"] = std::move(a);
+  }
+  return tools;
 }
 
 ToolReply Translator::call(Call& c) {

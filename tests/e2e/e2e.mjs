@@ -262,6 +262,15 @@ const scenarios = {
     const exec = listed.tools.find((t) => t.name === "execute");
     check(!exec.outputSchema, "execute has no outputSchema (Claude Code would then hide images)");
     check(exec.inputSchema?.properties?.code, "execute takes `code`", exec.inputSchema);
+    // Tool annotations: what a client may run without asking, and what it should confirm.
+    const ann = Object.fromEntries(listed.tools.map((t) => [t.name, t.annotations || {}]));
+    for (const t of ["list_kernels", "server_status", "poll_job"]) check(ann[t].readOnlyHint === true, `${t} is read-only`, ann[t]);
+    for (const t of ["stop_kernel", "restart", "execute"]) {
+      check(ann[t].readOnlyHint === false && ann[t].destructiveHint === true, `${t} is destructive`, ann[t]);
+    }
+    check(ann.stop_kernel.idempotentHint === true && ann.interrupt.idempotentHint === true, "stop and interrupt are idempotent", ann);
+    check(ann.interrupt.destructiveHint === false && ann.execute.openWorldHint === true, "interrupt destroys nothing; execute reaches out", ann);
+    check(listed.tools.every((t) => typeof t.title === "string" && t.title.length > 0), "every tool has a title");
 
     const { kernel, text } = await connectFresh(conv);
     const startup = path.join(process.env.XDG_CONFIG_HOME || "", "kgate", "startup.py");
