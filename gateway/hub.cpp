@@ -138,11 +138,14 @@ Hub::Attached Hub::attach(const KernelPtr& kernel, const std::shared_ptr<WsClien
   c.live[a.route] = client;
   ++connections_;
   kernel->add_connection(1);
+  ++counters_.opened;
+  counters_.replayed += a.replay.size();
   return a;
 }
 
 OutPtr Hub::drop_notice(const KernelPtr& kernel, std::size_t dropped, std::size_t bytes,
                         const std::string& why) {
+  counters_.dropped += dropped;  // every gap gets exactly one notice, with its count
   std::string text = "[kgate] " + std::to_string(dropped) + " message(s) (" + std::to_string(bytes) +
                      " bytes) for this session were dropped: " + why +
                      ". Current kernel state: " + kernel->execution_state() + ".\n";

@@ -86,7 +86,17 @@ class Hub final : public KernelObserver {
   int connections() const { return connections_; }
   void close_all(const std::string& why);
 
+  // For /metrics, since kgate started; Asio thread (the hub's and the websocket sessions').
+  struct Counters {
+    std::uint64_t opened = 0;           // websocket connections to kernels
+    std::uint64_t bytes_out = 0;        // websocket bytes written to clients
+    std::uint64_t dropped = 0;          // messages dropped (a slow reader's spill, a replay buffer)
+    std::uint64_t replayed = 0;         // messages replayed to a client that came back
+  };
+  Counters& counters() { return counters_; }
+
  private:
+  Counters counters_;
   struct Replay {
     std::deque<OutPtr> msgs;
     std::size_t bytes = 0;

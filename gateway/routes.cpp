@@ -42,6 +42,7 @@ const std::vector<Route>& routes() {
       {get,        "api/kgate/jobs/{job}",                   job_get,          records},
       {post,       "api/kgate/jobs/{job}/interrupt",         job_interrupt,    records},
       {ws,         "api/kgate/agent",                        agent_socket},
+      {get,        "metrics",                                metrics_page},
       // The observe page.
       {get | head, "",                                       root_redirect},
       {get | head, "observe",                                observe},

@@ -85,6 +85,9 @@ void kernelspec_resource(Call&);   // GET /kernelspecs/{name}/{file*}: a logo, k
 void root_redirect(Call&);         // GET /: to the observe page
 void observe(Call&);               // GET /observe: the observe page
 
+// metrics.cpp.
+void metrics_page(Call&);          // GET /metrics: Prometheus text format
+
 // sessions_api.cpp: the sessions API (sessions.hpp).
 void sessions_list(Call&);         // GET /api/sessions
 void session_create(Call&);        // POST /api/sessions

@@ -96,6 +96,7 @@ class Server {
   bool kernel_id_reserved(const std::string& id) const { return reserved_ids_.count(id) > 0; }
 
   const std::string& started() const { return started_; }
+  double started_unix() const { return started_unix_; }  // seconds since the Unix epoch
   std::string last_activity() const;
   void touch() { last_activity_ = iso_now(); }
 
@@ -140,6 +141,8 @@ class Server {
   net::signal_set hup_;  // SIGHUP: reload()
   tcp::endpoint endpoint_;
   std::string started_ = iso_now();
+  double started_unix_ =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::string last_activity_ = started_;
   bool stopping_ = false;
 };

@@ -155,8 +155,9 @@ void WsSession::do_write() {
   ws_->async_write(std::move(pieces), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
 }
 
-void WsSession::on_write(beast::error_code ec, std::size_t) {
+void WsSession::on_write(beast::error_code ec, std::size_t n) {
   writing_ = false;
+  server_.hub().counters().bytes_out += n;
   if (ec) {
     // Not (wholly) sent: the front stays in the queue, and so goes to the session's replay.
     if (finished_) return detach();

@@ -13,6 +13,7 @@ PKGS=(
   libsystemd-dev systemd openssl
   clang libclang-rt-14-dev llvm wrk
   liburiparser-dev  # URL parsing (src/client/endpoint.cpp)
+  python3-prometheus-client  # parses /metrics in tests/integration/test_metrics.py
   ccache mold lld  # the compiler cache and the fast linkers (cmake/BuildSpeed.cmake)
   slurmctld slurmd slurm-client munge openssh-server  # the remote launchers' test engines (tests/integration/engines.py)
 )

@@ -390,6 +390,15 @@ Job* JobStore::running_locked(const std::string& kernel) {
 
 void JobStore::finished_locked(Job& j) {
   running_.erase(j.n);
+  {
+    const double d = j.elapsed(j.t_ended);
+    auto& h = stats_.duration[static_cast<std::size_t>(j.origin)];
+    auto b = std::lower_bound(JobStats::kBuckets.begin(), JobStats::kBuckets.end(), d);
+    if (b != JobStats::kBuckets.end()) ++h.bucket[static_cast<std::size_t>(b - JobStats::kBuckets.begin())];
+    ++h.count;
+    h.sum += d;
+    ++stats_.ended[{j.origin, j.status}];
+  }
   if (auto k = kernels_.find(j.kernel); k != kernels_.end()) k->second.last_ended = j.n;
   by_request_.erase(j.request);
   // Its execute_reply usually comes after its idle: keep the request a little longer.
@@ -709,6 +718,7 @@ void JobStore::on_kernel_removed(const KernelPtr& kernel) {
 
 void JobStore::enforce_locked() {
   auto erase = [this](std::map<std::uint64_t, Job>::iterator it) {
+    ++stats_.evicted;
     bytes_ -= it->second.bytes();
     if (!it->second.seen_by_agent) --unseen_;
     by_request_.erase(it->second.request);
@@ -1201,6 +1211,14 @@ std::uint64_t JobStore::version() const {
 std::size_t JobStore::bytes() const {
   std::lock_guard lk(mu_);
   return bytes_;
+}
+
+JobStats JobStore::stats() const {
+  std::lock_guard lk(mu_);
+  JobStats s = stats_;
+  s.jobs = jobs_.size();
+  s.bytes = bytes_;
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------

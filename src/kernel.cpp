@@ -387,6 +387,8 @@ struct KernelManager::Impl {
 
   KernelOptions opts;
   std::filesystem::path runtime_dir;
+  // KernelManager::counters(): written on kgate-io, read anywhere.
+  std::atomic<std::uint64_t> started{0}, start_failures{0}, restarts{0};
   std::vector<KernelObserver*> observers;
   KernelTable table;  // I/O thread only
 
@@ -778,6 +780,7 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.stall_relaunched = false;  // a later restart may relaunch once too
   k.kernel->set_state("idle");
   if (!k.adopted) k.kernel->touch();  // a re-adopted kernel's clock goes on (adopt())
+  if (!k.adopted) ++(was_restart ? restarts : started);
   spdlog::info("kernel {}: {}", k.kernel->id(),
                k.adopted ? "re-adopted" : was_restart ? "ready after restart" : "ready");
   // A restart that came before the history probe's reply: that probe is moot, nothing waits on it.
@@ -833,6 +836,7 @@ void KernelManager::Impl::release_shell(KernelIo& k) {
 
 void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
   spdlog::error("kernel {}: start failed: {}", k.kernel->id(), why);
+  ++start_failures;
   if (k.tunnel.running()) k.tunnel.signal(SIGTERM);
   if (k.proc.running()) {
     k.proc.signal_group(SIGKILL);
@@ -2628,6 +2632,10 @@ std::vector<KernelPtr> KernelManager::list() const {
   for (auto& [id, k] : impl_->kernels)
     if (!k->pooled()) out.push_back(k);
   return out;
+}
+
+KernelManager::Counters KernelManager::counters() const {
+  return {impl_->started.load(), impl_->start_failures.load(), impl_->restarts.load()};
 }
 
 std::size_t KernelManager::count() const {

@@ -7,6 +7,7 @@
 // describes the algorithms.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <cstdint>
@@ -160,6 +161,23 @@ struct AckResult {
   std::vector<std::pair<std::string, std::string>> kept;  // job, why not retired
 };
 
+// What the store saw since kgate started, for /metrics (gateway/metrics.cpp).
+struct JobStats {
+  // Upper bounds (seconds) of the duration histogram's buckets; +Inf follows.
+  static constexpr std::array<double, 14> kBuckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                  1,     2.5,  5,     10,   60,  300, 3600};
+  struct Histogram {
+    std::array<std::uint64_t, kBuckets.size()> bucket{};  // jobs in (kBuckets[i-1], kBuckets[i]]
+    std::uint64_t count = 0;                              // all jobs, +Inf's included
+    double sum = 0;
+  };
+  std::array<Histogram, 3> duration;  // by JobOrigin: began (else created) to ended
+  std::map<std::pair<JobOrigin, JobStatus>, std::uint64_t> ended;
+  std::uint64_t evicted = 0;  // records dropped to stay within max_jobs and the budget
+  std::size_t jobs = 0;       // records held now
+  std::size_t bytes = 0;      // what they hold (budget_bytes bounds it)
+};
+
 struct KernelRecordInfo {
   std::optional<ClaimView> claim;
   std::string running_job;
@@ -228,6 +246,7 @@ class JobStore final : public KernelObserver {
   void sweep();
 
   std::size_t bytes() const;  // what the records hold (for the budget)
+  JobStats stats() const;
 
   // Records on disk (DEV.md §4e).  `log` outlives the store; set before restore() and before any
   // kernel message arrives.
@@ -308,6 +327,7 @@ class JobStore final : public KernelObserver {
   std::map<std::string, Agent> agents_;
   std::vector<RestartMark> marks_;
   std::size_t bytes_ = 0;
+  JobStats stats_;  // its jobs and bytes are filled in by stats()
   std::size_t unseen_ = 0;  // finished-or-not foreign jobs not seen by an agent
   std::function<void()> on_change_;
   RecordLog* log_ = nullptr;

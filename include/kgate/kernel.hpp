@@ -292,6 +292,14 @@ class KernelManager {
   std::vector<KernelPtr> list() const;
   std::size_t count() const;
 
+  // Since this kgate started (for /metrics): kernels that became ready after a launch (pooled
+  // ones included; a re-adopted one is not launched), launches that failed (a failed restart
+  // too), and restarts that came back ready.  Any thread.
+  struct Counters {
+    std::uint64_t started = 0, start_failures = 0, restarts = 0;
+  };
+  Counters counters() const;
+
   // Stops every kernel concurrently and waits (bounded by the shutdown graces).
   void shutdown_all();
 
