@@ -1,5 +1,5 @@
 // `kgate kernels`: lists the kernelspecs, kernels and sessions of a gateway (kgate or any Jupyter
-// server), by gateways.toml name or URL, through kgate-mcp's listing (translator/remote.hpp).
+// server), by gateways.toml name or URL, through kgate-mcp's listing (kgate/client/listing.hpp).
 #pragma once
 
 #include <string>

@@ -8,9 +8,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "jsonrpc.hpp"
-#include "tools.hpp"
-#include "version_info.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
+#include "kgate/mcp/tools.hpp"
+#include "kgate/mcp/version_info.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"kgate-mcp: an MCP server (stdio) for the kernels of a kgate gateway"};

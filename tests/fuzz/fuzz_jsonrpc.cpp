@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "jsonrpc.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
 
 namespace {
 

@@ -1,6 +1,6 @@
-"""The kernel side of startup.py and inspectors.py (translator/py/*.py).
+"""The kernel side of startup.py and inspectors.py (src/mcp/py/*.py).
 
-kgate-mcp sends translator/py/startup_wrapper.py and install_inspectors.py to a new kernel
+kgate-mcp sends src/mcp/py/startup_wrapper.py and install_inspectors.py to a new kernel
 as execute requests, with two placeholders replaced by JSON string literals.  These tests
 do the same substitution and send the cells to a real ipykernel started with
 jupyter_client's KernelManager, so they need neither kgate nor kgate-mcp.

@@ -1,6 +1,6 @@
-// Unit tests for the MCP stdio server (translator/jsonrpc.hpp), driven in-process through
+// Unit tests for the MCP stdio server (kgate/mcp/jsonrpc.hpp), driven in-process through
 // in-memory streams and a scripted tool handler.
-#include "jsonrpc.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "version_info.hpp"
+#include "kgate/mcp/version_info.hpp"
 
 namespace kgate::mcp {
 namespace {

@@ -13,10 +13,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "images.hpp"
+#include "kgate/mcp/images.hpp"
 #include "kgate/jobs.hpp"
 #include "kgate/utf8.hpp"
-#include "render.hpp"
+#include "kgate/mcp/render.hpp"
 
 using namespace kgate;
 using namespace kgate::mcp;

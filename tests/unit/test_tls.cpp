@@ -1,4 +1,4 @@
-// kgate-mcp's TLS client context (translator/tls.cpp) against a real TLS server on 127.0.0.1:
+// kgate-mcp's TLS client context (src/client/tls_stream.cpp) against a real TLS server on 127.0.0.1:
 // many handshakes at once on one context, as fetch_all makes them.  Under scripts/tsan.sh this
 // is also the regression test for the CA extension-cache race (openssl/openssl#32609).
 #include <latch>

@@ -1,5 +1,5 @@
 // The tools kgate-mcp offers (see tools.hpp).
-#include "tools.hpp"
+#include "kgate/mcp/tools.hpp"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
-#include "render.hpp"
+#include "kgate/mcp/render.hpp"
 #include "install_inspectors_py.hpp"
 #include "startup_wrapper_py.hpp"
 

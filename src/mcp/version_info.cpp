@@ -1,5 +1,5 @@
 // What kgate-mcp says about itself (serverInfo).
-#include "version_info.hpp"
+#include "kgate/mcp/version_info.hpp"
 
 #include "kgate/version.hpp"
 

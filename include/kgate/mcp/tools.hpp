@@ -13,8 +13,8 @@
 #include <optional>
 #include <string>
 
-#include "client.hpp"
-#include "jsonrpc.hpp"
+#include "kgate/mcp/client.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
 
 namespace kgate::mcp {
 

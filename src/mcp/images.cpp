@@ -1,5 +1,5 @@
 // Image outputs made fit for a model: base64 in and out, decoded and resized to a pixel cap.
-#include "images.hpp"
+#include "kgate/mcp/images.hpp"
 
 #include <algorithm>
 #include <climits>

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "client.hpp"
+#include "kgate/mcp/client.hpp"
 #include "kgate/wire.hpp"
 
 namespace kgate::mcp {

@@ -1,6 +1,6 @@
 // MCP over stdio (see jsonrpc.hpp): line framing, dispatch for both protocol eras, and the
 // threads of the tool calls.
-#include "jsonrpc.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "version_info.hpp"
+#include "kgate/mcp/version_info.hpp"
 
 namespace kgate::mcp {
 namespace {

@@ -1,5 +1,5 @@
 // A cell's outputs rendered for a model: concise text, and MCP content blocks with images.
-#include "render.hpp"
+#include "kgate/mcp/render.hpp"
 
 #include <algorithm>
 #include <array>
@@ -12,7 +12,7 @@
 #include <libxml/tree.h>
 #include <openssl/evp.h>
 
-#include "images.hpp"
+#include "kgate/mcp/images.hpp"
 #include "kgate/jobs.hpp"
 #include "kgate/utf8.hpp"
 
