@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 
-PY_DIR = Path(__file__).resolve().parents[2] / "translator" / "py"
+PY_DIR = Path(__file__).resolve().parents[2] / "src" / "mcp" / "py"
 WRAPPER = PY_DIR / "startup_wrapper.py"
 INSTALLER = PY_DIR / "install_inspectors.py"
 PLACEHOLDER_RE = re.compile(r"__KGATE_(SOURCE|PATH)__")
