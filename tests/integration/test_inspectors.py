@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 
-PY_DIR = Path(__file__).resolve().parents[2] / "src" / "mcp" / "py"
+REPO = Path(__file__).resolve().parents[2]
+PY_DIR = REPO / "src" / "mcp" / "py"
 WRAPPER = PY_DIR / "startup_wrapper.py"
 INSTALLER = PY_DIR / "install_inspectors.py"
 PLACEHOLDER_RE = re.compile(r"__KGATE_(SOURCE|PATH)__")
@@ -404,7 +405,7 @@ def test_startup_then_inspectors_order(kern):
 # The samples in config/
 # --------------------------------------------------------------------------
 
-CONFIG_DIR = PY_DIR.parents[1] / "config"
+CONFIG_DIR = REPO / "config"
 
 
 def test_sample_inspectors(kern):
