@@ -1,5 +1,5 @@
-// MCP over stdio (see jsonrpc.hpp): line framing, dispatch for both protocol eras, and the
-// threads of the tool calls.
+// MCP (see jsonrpc.hpp): the session engine (dispatch for both protocol eras, the threads of the
+// tool calls) and the stdio transport's line framing.
 #include "kgate/mcp/jsonrpc.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -167,48 +168,18 @@ class LineReader {
 // One tools/call, shared by the reader thread and the call's worker thread.
 struct CallState {
   Call call;
+  Sink out;                // where its progress and its reply go: the transport of its request
   std::mutex mutex;        // orders progress, the reply and a cancellation
   bool replied = false;    // the reply went out, or was dropped: nothing more is sent for the call
   bool dropped = false;    // notifications/cancelled named the call, so its reply is not sent
   std::optional<double> last_progress;
 };
 
-// The state that worker threads share with the reader. It can outlive run(), because a call still
-// running after eof_grace keeps it alive.
+// The state that worker threads share with the session. It can outlive the session, because a
+// call still running after eof_grace keeps it alive.
 struct Shared {
-  explicit Shared(std::ostream& o) : out(o) {}
-
-  // Writes one message as one line. Returns false if it was not written.
-  bool send(const json& msg) {
-    std::string line;
-    try {
-      line = msg.dump(-1, ' ', false, json::error_handler_t::replace);
-    } catch (const std::exception& e) {
-      log().error("cannot serialize a message: {}", e.what());
-      return false;
-    }
-    std::lock_guard lock(write_mutex);
-    if (output_closed) return false;
-    out.write(line.data(), static_cast<std::streamsize>(line.size()));
-    out.put('\n');
-    out.flush();
-    if (!out) {
-      if (!output_failed) log().warn("stdout: write failed; replies from now on are lost");
-      output_failed = true;
-      return false;
-    }
-    return true;
-  }
-
-  void close_output() {
-    std::lock_guard lock(write_mutex);
-    output_closed = true;
-  }
-
-  std::mutex write_mutex;
-  std::ostream& out;
-  bool output_closed = false;
-  bool output_failed = false;
+  // Once the session is closed nothing more is sent, from any thread (under each call's mutex).
+  std::atomic<bool> closed{false};
 
   std::mutex calls_mutex;
   std::condition_variable calls_done;  // notified whenever a call leaves in_flight
@@ -273,8 +244,8 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
     st->replied = true;
     if (st->dropped) {
       log().debug("tools/call {} (id {}): cancelled, its reply is not sent", call.tool, call.id.dump());
-    } else {
-      shared->send(msg);
+    } else if (!shared->closed) {
+      st->out(msg);
     }
   }
   {
@@ -293,24 +264,24 @@ void send_progress(const std::weak_ptr<CallState>& weak_state, const std::weak_p
   if (!st || !shared || !st->call.progress_token) return;
   if (!std::isfinite(progress) || (total && !std::isfinite(*total))) return;
   std::lock_guard lock(st->mutex);
-  if (st->replied || st->call.cancelled) return;
+  if (st->replied || st->call.cancelled || shared->closed) return;
   if (st->last_progress && progress <= *st->last_progress) return;
   st->last_progress = progress;
   json params = {{"progressToken", *st->call.progress_token}, {"progress", progress}};
   if (total) params["total"] = *total;
   if (!message.empty()) params["message"] = message;
-  shared->send({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", std::move(params)}});
+  st->out({{"jsonrpc", "2.0"}, {"method", "notifications/progress"}, {"params", std::move(params)}});
 }
 
 }  // namespace
 
-struct StdioServer::Impl {
-  Impl(ToolHandler& h, std::istream& i, std::ostream& o, ServerOptions op)
-      : handler(h), in(i), opts(std::move(op)), shared(std::make_shared<Shared>(o)) {}
-  // Only reached with threads left if run() ended by an exception: a joinable std::thread must
-  // not be destroyed, and a worker thread holds `shared` as long as it needs it.
+struct McpSession::Impl {
+  Impl(ToolHandler& h, ServerOptions op) : handler(h), opts(std::move(op)), shared(std::make_shared<Shared>()) {}
+  // Only reached with threads left if the session was not closed (or its transport ended by an
+  // exception): a joinable std::thread must not be destroyed, and a worker thread holds `shared`
+  // as long as it needs it.
   ~Impl() {
-    shared->close_output();
+    shared->closed = true;
     std::lock_guard lock(shared->calls_mutex);
     for (auto& entry : shared->threads) entry.second.detach();
     shared->threads.clear();
@@ -332,22 +303,25 @@ struct StdioServer::Impl {
   void reap();
   void at_eof();
 
-  void send(const json& msg) { shared->send(msg); }
+  void send(const json& msg) {
+    if (!shared->closed && out) out(msg);
+  }
 
   ToolHandler& handler;
-  std::istream& in;
   ServerOptions opts;
   std::shared_ptr<Shared> shared;
-  // Reader thread only.
+  std::mutex handling;  // one message at a time: handle() may be called from several threads
+  Sink out;             // the sink of the message being handled
+  // Under `handling`.
   std::string legacy_version{kLatestLegacyVersion};  // what initialize agreed, for legacy requests
   bool initialized = false;
   std::uint64_t next_seq = 0;
 };
 
-void StdioServer::Impl::handle_line(std::string_view line) {
+void McpSession::Impl::handle_line(std::string_view line) {
   if (is_blank(line)) return;
   if (nesting_depth(line, kMaxDepth) > kMaxDepth) {
-    log().warn("stdin: a message nested deeper than {} levels, refused", kMaxDepth);
+    log().warn("a message nested deeper than {} levels, refused", kMaxDepth);
     send(make_error(nullptr, rpc_error::kParseError,
                     "Parse error: arrays and objects nested deeper than " + std::to_string(kMaxDepth) +
                         " levels are not accepted"));
@@ -357,7 +331,7 @@ void StdioServer::Impl::handle_line(std::string_view line) {
   try {
     msg = json::parse(line);
   } catch (const json::exception& e) {
-    log().warn("stdin: unparsable message ({} bytes): {}", line.size(), e.what());
+    log().warn("an unparsable message ({} bytes): {}", line.size(), e.what());
     send(make_error(nullptr, rpc_error::kParseError, std::string("Parse error: ") + e.what()));
     return;
   }
@@ -372,7 +346,7 @@ void StdioServer::Impl::handle_line(std::string_view line) {
   handle_message(msg);
 }
 
-void StdioServer::Impl::handle_message(const json& msg) {
+void McpSession::Impl::handle_message(const json& msg) {
   const auto id_it = msg.find("id");
   const bool has_id = id_it != msg.end();
   const json id = has_id && is_valid_id(*id_it) ? *id_it : json(nullptr);
@@ -380,7 +354,7 @@ void StdioServer::Impl::handle_message(const json& msg) {
   if (method_it == msg.end()) {
     if (msg.contains("result") || msg.contains("error")) {
       // A response, but this server never sends requests.
-      log().debug("stdin: a response to no request of ours (id {}), ignored", has_id ? id_it->dump() : "none");
+      log().debug("a response to no request of ours (id {}), ignored", has_id ? id_it->dump() : "none");
       return;
     }
     send(make_error(id, rpc_error::kInvalidRequest, "Invalid Request: no \"method\""));
@@ -406,7 +380,7 @@ void StdioServer::Impl::handle_message(const json& msg) {
     if (has_id) {
       send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"params\" must be an object"));
     } else {
-      log().debug("stdin: notification {} with params that are not an object, ignored", method);
+      log().debug("notification {} with params that are not an object, ignored", method);
     }
     return;
   }
@@ -426,7 +400,7 @@ void StdioServer::Impl::handle_message(const json& msg) {
   }
 }
 
-void StdioServer::Impl::handle_notification(const std::string& method, const json& params) {
+void McpSession::Impl::handle_notification(const std::string& method, const json& params) {
   if (method == "notifications/cancelled") {
     cancel(params);
   } else if (method == "notifications/initialized") {
@@ -436,7 +410,7 @@ void StdioServer::Impl::handle_notification(const std::string& method, const jso
   }
 }
 
-std::optional<json> StdioServer::Impl::request_era(const json& id, const json& params, Era& era) const {
+std::optional<json> McpSession::Impl::request_era(const json& id, const json& params, Era& era) const {
   era = Era{false, legacy_version};
   const auto meta = params.find("_meta");
   if (meta == params.end() || !meta->is_object()) return std::nullopt;
@@ -472,7 +446,7 @@ std::optional<json> StdioServer::Impl::request_era(const json& id, const json& p
   return std::nullopt;
 }
 
-void StdioServer::Impl::handle_request(const json& id, const std::string& method, const json& params) {
+void McpSession::Impl::handle_request(const json& id, const std::string& method, const json& params) {
   Era era;
   if (auto error = request_era(id, params, era)) {
     send(*error);
@@ -502,7 +476,7 @@ void StdioServer::Impl::handle_request(const json& id, const std::string& method
   }
 }
 
-void StdioServer::Impl::initialize(const json& id, const json& params) {
+void McpSession::Impl::initialize(const json& id, const json& params) {
   std::string requested;
   if (const auto v = params.find("protocolVersion"); v != params.end()) {
     if (!v->is_string()) {
@@ -531,7 +505,7 @@ void StdioServer::Impl::initialize(const json& id, const json& params) {
   send(make_result(id, std::move(result)));
 }
 
-void StdioServer::Impl::discover(const json& id) {
+void McpSession::Impl::discover(const json& id) {
   // server/discover is modern by nature, so it gets the modern result even without _meta.
   json result = {{"resultType", "complete"},
                  {"supportedVersions", supported_versions()},
@@ -543,7 +517,7 @@ void StdioServer::Impl::discover(const json& id) {
   send(make_result(id, std::move(result)));
 }
 
-void StdioServer::Impl::tools_list(const json& id, const Era& era) {
+void McpSession::Impl::tools_list(const json& id, const Era& era) {
   json tools = handler.tool_list();
   if (!tools.is_array()) throw std::logic_error("the tool handler's tool list is not an array");
   json result = {{"tools", std::move(tools)}};
@@ -554,7 +528,7 @@ void StdioServer::Impl::tools_list(const json& id, const Era& era) {
   send(make_result(id, complete(std::move(result), era)));
 }
 
-void StdioServer::Impl::tools_call(const json& id, const json& params, const Era& era) {
+void McpSession::Impl::tools_call(const json& id, const json& params, const Era& era) {
   const auto name = params.find("name");
   if (name == params.end() || !name->is_string()) {
     send(make_error(id, rpc_error::kInvalidParams, "Invalid params: tools/call needs \"name\", a string"));
@@ -602,6 +576,7 @@ void StdioServer::Impl::tools_call(const json& id, const json& params, const Era
   }
 
   auto st = std::make_shared<CallState>();
+  st->out = out;
   Call& call = st->call;
   call.id = id;
   call.tool = tool;
@@ -648,7 +623,7 @@ void StdioServer::Impl::tools_call(const json& id, const json& params, const Era
   log().debug("tools/call {} (id {}) started", tool, id.dump());
 }
 
-void StdioServer::Impl::cancel(const json& params) {
+void McpSession::Impl::cancel(const json& params) {
   const auto request_id = params.find("requestId");
   if (request_id == params.end() || !is_valid_id(*request_id)) {
     log().debug("notifications/cancelled without a valid requestId, ignored");
@@ -682,7 +657,7 @@ void StdioServer::Impl::cancel(const json& params) {
   }
 }
 
-void StdioServer::Impl::reap() {
+void McpSession::Impl::reap() {
   std::vector<std::thread> done;
   {
     std::lock_guard lock(shared->calls_mutex);
@@ -697,7 +672,7 @@ void StdioServer::Impl::reap() {
   for (std::thread& t : done) t.join();  // each is at its last line, or past it
 }
 
-void StdioServer::Impl::at_eof() {
+void McpSession::Impl::at_eof() {
   std::vector<std::shared_ptr<CallState>> running;
   {
     std::lock_guard lock(shared->calls_mutex);
@@ -708,7 +683,7 @@ void StdioServer::Impl::at_eof() {
     st->call.cancelled = true;
   }
   if (!running.empty()) {
-    log().info("stdin closed with {} call(s) in flight; waiting up to {} ms for them", running.size(),
+    log().info("the session ended with {} call(s) in flight; waiting up to {} ms for them", running.size(),
                opts.eof_grace.count());
     std::unique_lock lock(shared->calls_mutex);
     shared->calls_done.wait_for(lock, opts.eof_grace, [&] { return shared->in_flight.empty(); });
@@ -722,7 +697,7 @@ void StdioServer::Impl::at_eof() {
       shared->threads.clear();
     }
   }
-  shared->close_output();
+  shared->closed = true;
   try {
     handler.shutdown();
   } catch (const std::exception& e) {
@@ -879,6 +854,75 @@ std::string check_arguments(const json& schema, const json& arguments) {
   return text;
 }
 
+McpSession::McpSession(ToolHandler& handler, ServerOptions opts)
+    : impl_(std::make_unique<Impl>(handler, std::move(opts))) {}
+
+McpSession::~McpSession() = default;
+
+void McpSession::handle(std::string_view text, Sink out) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.handling);
+  if (s.shared->closed) return;
+  s.out = std::move(out);
+  try {
+    s.handle_line(text);
+  } catch (const std::exception& e) {  // e.g. out of memory while building a reply
+    log().error("a message was dropped: {}", e.what());
+  }
+  s.out = nullptr;
+  s.reap();
+}
+
+void McpSession::close() {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.handling);
+  if (s.shared->closed) return;
+  s.at_eof();
+}
+
+bool McpSession::closed() const { return impl_->shared->closed; }
+
+std::size_t McpSession::in_flight() const {
+  std::lock_guard lock(impl_->shared->calls_mutex);
+  return impl_->shared->in_flight.size();
+}
+
+// ---------------------------------------------------------------------------------------
+// stdio
+
+struct StdioServer::Impl {
+  Impl(ToolHandler& h, std::istream& i, std::ostream& o, ServerOptions op)
+      : in(i), out(o), opts(op), session(h, std::move(op)) {}
+
+  // Writes one message as one line, from any thread. False if it was not written.
+  bool write(const json& msg) {
+    std::string line;
+    try {
+      line = msg.dump(-1, ' ', false, json::error_handler_t::replace);
+    } catch (const std::exception& e) {
+      log().error("cannot serialize a message: {}", e.what());
+      return false;
+    }
+    std::lock_guard lock(write_mutex);
+    out.write(line.data(), static_cast<std::streamsize>(line.size()));
+    out.put('\n');
+    out.flush();
+    if (!out) {
+      if (!failed) log().warn("stdout: write failed; replies from now on are lost");
+      failed = true;
+      return false;
+    }
+    return true;
+  }
+
+  std::istream& in;
+  std::ostream& out;
+  ServerOptions opts;
+  std::mutex write_mutex;
+  bool failed = false;
+  McpSession session;
+};
+
 StdioServer::StdioServer(ToolHandler& handler, std::istream& in, std::ostream& out, ServerOptions opts)
     : impl_(std::make_unique<Impl>(handler, in, out, std::move(opts))) {}
 
@@ -889,28 +933,26 @@ int StdioServer::run() {
   // std::cin is tied to std::cout: each read would flush cout from this thread, unlocked,
   // while a worker thread writes to it under the write mutex.
   s.in.tie(nullptr);
+  // Every message goes out as one line; the impl (and so the sink) outlives any call's thread
+  // that may still write: a call abandoned at EOF writes nothing once the session is closed.
+  Sink line = [&s](const json& msg) { return s.write(msg); };
   LineReader reader(s.in, s.opts.max_line_bytes);
-  std::string line;
+  std::string text;
   std::size_t length = 0;
   for (;;) {
-    const LineReader::Status status = reader.next(line, length);
+    const LineReader::Status status = reader.next(text, length);
     if (status == LineReader::Status::eof) break;
     if (status == LineReader::Status::too_long) {
       log().warn("stdin: a message of {} bytes is over the {} byte limit, skipped", length, s.opts.max_line_bytes);
-      s.send(make_error(nullptr, rpc_error::kParseError,
-                        "Parse error: a message of " + std::to_string(length) + " bytes exceeds the limit of " +
-                            std::to_string(s.opts.max_line_bytes) + " bytes; it was skipped"));
+      s.write(make_error(nullptr, rpc_error::kParseError,
+                         "Parse error: a message of " + std::to_string(length) + " bytes exceeds the limit of " +
+                             std::to_string(s.opts.max_line_bytes) + " bytes; it was skipped"));
       continue;
     }
-    try {
-      s.handle_line(line);
-    } catch (const std::exception& e) {  // e.g. out of memory while building a reply
-      log().error("stdin: message dropped: {}", e.what());
-    }
-    s.reap();
+    s.session.handle(text, line);
   }
   log().debug("stdin: EOF");
-  s.at_eof();
+  s.session.close();
   return 0;
 }
 

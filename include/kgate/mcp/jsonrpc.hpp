@@ -1,8 +1,10 @@
-// MCP over stdio: newline-delimited JSON-RPC 2.0 for both protocol eras, tools handed to a ToolHandler.
+// MCP: JSON-RPC 2.0 for both protocol eras, tools handed to a ToolHandler.
 //
-// StdioServer reads one JSON-RPC message per line from `in` and writes one per line to `out`.
-// It answers the protocol itself (initialize, ping, server/discover, tools/list, errors) and
-// passes each tools/call to the ToolHandler on a thread of its own.
+// McpSession is one conversation, whatever carries its messages: it answers the protocol itself
+// (initialize, ping, server/discover, tools/list, errors) and passes each tools/call to the
+// ToolHandler on a thread of its own. StdioServer carries one over stdio (kgate-mcp): one
+// message per line from `in`, one per line to `out`. kgate's /mcp carries them over HTTP
+// (gateway/mcp_http.cpp).
 //
 // Protocol eras (MCP):
 // - legacy (2025-03-26, 2025-06-18, 2025-11-25): `initialize` picks the version. Requests that
@@ -15,8 +17,9 @@
 // (UnsupportedProtocolVersion), and kgate's own kTooManyCalls (-32010); see rpc_error below.
 //
 // Threads:
-// - run() is the reader thread. It also writes every reply to a request other than tools/call,
-//   and it calls ToolHandler::tool_list() and ToolHandler::cancelled().
+// - McpSession::handle() runs on its caller's thread (StdioServer::run(), the reader thread; or
+//   kgate's Asio thread), one message at a time. It sends every reply to a request other than
+//   tools/call, and it calls ToolHandler::tool_list() and ToolHandler::cancelled().
 // - Each tools/call runs ToolHandler::call() on its own std::thread. Its reply is written from
 //   that thread, and so is its progress.
 // - Writes to `out` are serialized under one mutex. Each message is one line, and `out` is
@@ -144,7 +147,39 @@ struct ServerOptions {
   std::string instructions;
 };
 
-// Serves one client until EOF on `in`. The constructor does no I/O.
+// Where a session's messages go: one JSON-RPC message each. Returns false when it could not be
+// sent. Called from the thread that handles a message and from tool calls' threads, never two
+// at once for one call.
+using Sink = std::function<bool(const json& msg)>;
+
+// One MCP conversation, whatever carries it: stdio (StdioServer) or kgate's /mcp over HTTP. It
+// answers the protocol itself (initialize, ping, server/discover, tools/list, errors) and runs
+// each tools/call on a thread of its own through the ToolHandler.
+class McpSession {
+ public:
+  explicit McpSession(ToolHandler& handler, ServerOptions opts = {});
+  ~McpSession();
+  McpSession(const McpSession&) = delete;
+  McpSession& operator=(const McpSession&) = delete;
+
+  // Handles one message, the text of one JSON-RPC message (no batches). What it causes goes to
+  // `out`: replies to requests other than tools/call before handle() returns; a tools/call's
+  // progress and reply later, from the call's thread (`out` is kept until then). Messages are
+  // handled one at a time; any thread may call it.
+  void handle(std::string_view text, Sink out);
+  // The conversation is over (stdin EOF, an HTTP session deleted or idle too long): sets
+  // `cancelled` on the calls in flight, waits up to eof_grace for them (their replies still go
+  // out), then sends nothing more and calls ToolHandler::shutdown(). Idempotent.
+  void close();
+  bool closed() const;
+  std::size_t in_flight() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Serves one client over stdin and stdout until EOF on `in`. The constructor does no I/O.
 class StdioServer {
  public:
   StdioServer(ToolHandler& handler, std::istream& in, std::ostream& out, ServerOptions opts = {});
