@@ -521,7 +521,7 @@ bool is_cors_preflight(const Request& req) {
 namespace {
 constexpr const char* kCorsMethods = "GET, HEAD, POST, PATCH, DELETE, OPTIONS";
 constexpr const char* kCorsHeaders = "Authorization, Content-Type, X-XSRFToken, X-Requested-With, Accept";
-constexpr const char* kCorsExpose = "Location, Retry-After";
+constexpr const char* kCorsExpose = "Location, Retry-After, Mcp-Session-Id";
 constexpr int kCorsMaxAgeSeconds = 7200;  // Chromium's cap
 }  // namespace
 

@@ -43,6 +43,8 @@ const std::vector<Route>& routes() {
       {post,       "api/kgate/jobs/{job}/interrupt",         job_interrupt,    records},
       {ws,         "api/kgate/agent",                        agent_socket},
       {get,        "metrics",                                metrics_page},
+      {post,       "mcp",                                    mcp_post},
+      {del,        "mcp",                                    mcp_delete},
       // The observe page.
       {get | head, "",                                       root_redirect},
       {get | head, "observe",                                observe},

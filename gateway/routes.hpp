@@ -85,6 +85,10 @@ void kernelspec_resource(Call&);   // GET /kernelspecs/{name}/{file*}: a logo, k
 void root_redirect(Call&);         // GET /: to the observe page
 void observe(Call&);               // GET /observe: the observe page
 
+// mcp_http.cpp: MCP over Streamable HTTP (mcp_http.hpp).
+void mcp_post(Call&);              // POST /mcp: one JSON-RPC message
+void mcp_delete(Call&);            // DELETE /mcp: ends the session named by Mcp-Session-Id
+
 // metrics.cpp.
 void metrics_page(Call&);          // GET /metrics: Prometheus text format
 

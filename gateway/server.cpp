@@ -73,6 +73,7 @@ Server::Server(GatewayOptions opts)
   sessions_ = std::make_unique<SessionStore>(state_.path() / "sessions.json");
   if (auto n = sessions_->prune([this](const std::string& id) { return manager_->get(id) != nullptr; }); n)
     spdlog::info("{} session{} ended with kernels that did not outlive the kgate before", n, n == 1 ? "" : "s");
+  mcp_ = std::make_unique<McpHttp>(*this);
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   pool_ = std::make_unique<WarmPool>(*this);
   // A change in the records (on any thread) re-checks the waiting requests, once per burst.
@@ -170,6 +171,7 @@ void Server::on_signal(beast::error_code ec, int sig) {
   spdlog::info("stopped {} kernel(s) in {} ms", kernels + pooled,
                std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began).count());
   waiters_.cancel_all();
+  mcp_->close_all();
   hub_.close_all("kgate is shutting down");
   signals_.cancel();
   // Let the closes go out, then stop.

@@ -18,6 +18,7 @@
 #include "kgate/jobs.hpp"
 #include "kgate/state_dir.hpp"
 #include "listener.hpp"
+#include "mcp_http.hpp"
 #include "net.hpp"
 #include "options.hpp"
 #include "pool.hpp"
@@ -76,6 +77,7 @@ class Server {
   std::optional<CullTimeout> cull_timeout(const Kernel& k) const;
 
   WarmPool& pool() { return *pool_; }
+  McpHttp& mcp() { return *mcp_; }  // {base}mcp (Asio thread only)
   // The sessions API's sessions (Asio thread only).
   SessionStore& sessions() { return *sessions_; }
 
@@ -127,7 +129,8 @@ class Server {
   std::unique_ptr<KernelManager> manager_;
   DiscoveryService discovery_;  // after ioc_: its callbacks post into it
   std::unique_ptr<WarmPool> pool_;
-  std::unique_ptr<SessionStore> sessions_;  // after the kernels are re-adopted: it drops those of the others
+  std::unique_ptr<SessionStore> sessions_;
+  std::unique_ptr<McpHttp> mcp_;  // after the kernels are re-adopted: it drops those of the others
   std::function<GatewayOptions()> reloader_;
   std::size_t starts_pending_ = 0;             // admitted POSTs whose start is not done
   std::vector<std::string> admitted_kernels_;  // kernels those POSTs made (pruned in admit)

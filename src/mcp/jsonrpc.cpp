@@ -244,6 +244,7 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
     st->replied = true;
     if (st->dropped) {
       log().debug("tools/call {} (id {}): cancelled, its reply is not sent", call.tool, call.id.dump());
+      if (!shared->closed) st->out(json());  // the transport may be waiting for it (Sink)
     } else if (!shared->closed) {
       st->out(msg);
     }
@@ -935,7 +936,7 @@ int StdioServer::run() {
   s.in.tie(nullptr);
   // Every message goes out as one line; the impl (and so the sink) outlives any call's thread
   // that may still write: a call abandoned at EOF writes nothing once the session is closed.
-  Sink line = [&s](const json& msg) { return s.write(msg); };
+  Sink line = [&s](const json& msg) { return msg.is_null() || s.write(msg); };
   LineReader reader(s.in, s.opts.max_line_bytes);
   std::string text;
   std::size_t length = 0;

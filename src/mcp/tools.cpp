@@ -256,9 +256,11 @@ json kernel_prop() {
 
 // ---------------------------------------------------------------------------------------
 
-Translator::Translator(Config cfg)
-    : cfg_(std::move(cfg)), agent_("kgate-mcp-" + new_hex_id().substr(0, 12)) {
-  label_ = "kgate-mcp (pid " + std::to_string(::getpid()) + ")";
+Hosting Hosting::stdio_process() { return Hosting{"kgate-mcp pid " + std::to_string(::getpid()), true, false}; }
+
+Translator::Translator(Config cfg, Hosting hosting)
+    : cfg_(std::move(cfg)), hosting_(std::move(hosting)), agent_("kgate-mcp-" + new_hex_id().substr(0, 12)) {
+  label_ = "an MCP client (" + hosting_.where + ")";  // until the client names itself
 }
 
 Translator::~Translator() {
@@ -360,7 +362,7 @@ void Translator::cancelled(Call& c) {
 void Translator::client_info(const std::string& name, const std::string& /*version*/) {
   if (name.empty() || name == "?") return;
   std::lock_guard lk(mu_);
-  label_ = name.substr(0, 64) + " (kgate-mcp pid " + std::to_string(::getpid()) + ")";
+  label_ = name.substr(0, 64) + " (" + hosting_.where + ")";
 }
 
 std::string Translator::label() {
@@ -434,6 +436,15 @@ bool Translator::endpoint_for(const std::string& host, const std::optional<Curre
   if (host.empty() && cur) {
     ep = cur->ep;
     return true;
+  }
+  return resolve(host, ep, error);
+}
+
+bool Translator::resolve(const std::string& host, Endpoint& ep, std::string& error) {
+  if (hosting_.this_gateway_only && !host.empty()) {
+    error = "host '" + host + "': this MCP server is kgate's own /mcp, which serves this kgate's kernels only "
+            "(leave host empty). For other gateways, run kgate-mcp with their gateways.toml entries.";
+    return false;
   }
   return resolve_gateway(cfg_, host, ep, error);
 }
@@ -699,8 +710,8 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
     body["kgate_launcher"] = launcher;
     std::error_code ec;
     auto cwd = std::filesystem::current_path(ec);
-    if (!ec && ep.is_default) body["cwd"] = cwd.string();
-  } else if (ep.is_default) {
+    if (!ec && ep.is_default && hosting_.send_environment) body["cwd"] = cwd.string();
+  } else if (ep.is_default && hosting_.send_environment) {
     json env = json::object();
     for (char** e = environ; e && *e; ++e) {
       std::string kv(*e);
@@ -800,7 +811,7 @@ ToolReply Translator::connect(Call& c) {
     return text_reply("launcher is for a new kernel; kernel attaches to an existing one: give one of them", true);
   Endpoint ep;
   std::string error;
-  if (!resolve_gateway(cfg_, host, ep, error)) return text_reply(error, true);
+  if (!resolve(host, ep, error)) return text_reply(error, true);
   std::lock_guard create(create_mu_);
   std::string note;
   std::optional<Current> old;
@@ -868,7 +879,7 @@ ToolReply Translator::execute(Call& c) {
     }
     if (!have && str_arg(c.arguments, "kernel").empty()) {
       Endpoint ep;
-      if (!resolve_gateway(cfg_, "", ep, error)) return text_reply(error, true);
+      if (!resolve("", ep, error)) return text_reply(error, true);
       bool fatal = false;
       banner = create_kernel(ep, true, error, fatal);
       if (!error.empty()) return text_reply(error, true);

@@ -30,12 +30,16 @@ import { fileURLToPath } from "node:url";
 import { KernelManager, ServerConnection, SessionManager } from "@jupyterlab/services";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO = path.resolve(HERE, "..", "..");
 const MCP_BIN = process.env.KGATE_MCP_BIN || path.join(REPO, "build", "translator", "kgate-mcp");
 const PYTHON = "/usr/bin/python3";
 const TOKEN = process.env.KGATE_TOKEN || "";
+// stdio: each conversation is a kgate-mcp process. http: it is a session of kgate's own /mcp
+// (Streamable HTTP, the SDK's client transport), with the token as a bearer token.
+const TRANSPORT = process.env.KGATE_E2E_TRANSPORT || "stdio";
 const CALL_TIMEOUT_MS = 120_000; // per tool call; kernel start + matplotlib import fit easily
 const IMAGE_MAX_PIXELS = 768 * 768;
 const UUID_RE = /[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/;
@@ -144,16 +148,23 @@ class Conversation {
     }
     const xdgHome = xdg || process.env.XDG_CONFIG_HOME;
     if (xdgHome) env.XDG_CONFIG_HOME = xdgHome;
-    this.transport = new StdioClientTransport({
-      command: MCP_BIN, args: [], env, stderr: "pipe", cwd: os.tmpdir(),
-    });
-    this.transport.stderr.on("data", (d) => { this.stderr += d; });
+    if (TRANSPORT === "http") {
+      const base = (process.env.KGATE_URL || "http://127.0.0.1:8787").replace(/\/$/, "");
+      this.transport = new StreamableHTTPClientTransport(new URL(`${base}/mcp`), {
+        requestInit: { headers: TOKEN ? { Authorization: `Bearer ${TOKEN}` } : {} },
+      });
+    } else {
+      this.transport = new StdioClientTransport({
+        command: MCP_BIN, args: [], env, stderr: "pipe", cwd: os.tmpdir(),
+      });
+      this.transport.stderr.on("data", (d) => { this.stderr += d; });
+    }
     this.client = new Client({ name: "kgate-e2e", version: "0.0.0" }, { capabilities: {} });
     this.client.onerror = (err) => { this.protocolErrors.push(String(err && err.message || err)); };
   }
 
   async open() {
-    check(fs.existsSync(MCP_BIN), `kgate-mcp not found at ${MCP_BIN} (set KGATE_MCP_BIN)`);
+    if (TRANSPORT !== "http") check(fs.existsSync(MCP_BIN), `kgate-mcp not found at ${MCP_BIN} (set KGATE_MCP_BIN)`);
     await this.client.connect(this.transport, { timeout: 30_000 });
     const info = this.client.getServerVersion();
     check(info && info.name, "initialize answered with serverInfo", info);
@@ -204,6 +215,11 @@ class Conversation {
     // (_process is the SDK's private handle on the child; only read here, if present.)
     const child = this.transport._process;
     const t0 = Date.now();
+    if (TRANSPORT === "http") {
+      // DELETE /mcp: the session ends at once (its claims freed, an auto kernel stopped).
+      check(this.transport.sessionId, "kgate's /mcp gave the session an Mcp-Session-Id");
+      await this.transport.terminateSession();
+    }
     try { await this.client.close(); } catch { /* already closed */ }
     this.closeMs = Date.now() - t0;
     if (child) {
@@ -274,7 +290,7 @@ const scenarios = {
 
     const { kernel, text } = await connectFresh(conv);
     const startup = path.join(process.env.XDG_CONFIG_HOME || "", "kgate", "startup.py");
-    if (process.env.XDG_CONFIG_HOME && fs.existsSync(startup)
+    if (TRANSPORT === "stdio" && process.env.XDG_CONFIG_HOME && fs.existsSync(startup)
         && fs.readFileSync(startup, "utf8").includes("kgate-e2e-startup")) {
       check(text.includes("kgate-e2e-startup"), "connect returns the startup output", text);
     }
@@ -283,7 +299,8 @@ const scenarios = {
     const kernels = await conv.ok("list_kernels", {});
     check(kernels.text.includes(kernel), "list_kernels lists the new kernel", kernels.text);
     const info = await gatewayGet(`/api/kgate/kernels/${kernel}`);
-    check(info.claim && /^kgate-e2e \(kgate-mcp pid \d+\)$/.test(info.claim.label),
+    const labelled = TRANSPORT === "http" ? /^kgate-e2e \(kgate \/mcp session [0-9a-f]{8}\)$/ : /^kgate-e2e \(kgate-mcp pid \d+\)$/;
+    check(info.claim && labelled.test(info.claim.label),
       "the claim is labelled with the client's name (initialize clientInfo)", info.claim);
     return { kernel, connect_text: clip(text, 300), execute_ms: r.ms };
   },

@@ -66,8 +66,24 @@ def kgate_token(kgate_bin, tmp_path_factory):
     yield from _module_daemon(kgate_bin, tmp_path_factory, token=TOKEN)
 
 
+# Over kgate's own /mcp (Streamable HTTP): the scenarios that need no kgate-mcp config of their
+# own (the inspectors' come from the conversation's config dir, which /mcp does not have).
+HTTP_SCENARIOS = ["connect", "matplotlib", "error", "long", "cancel", "foreign", "display_outputs",
+                  "inline_images", "notebook_session"]
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_mcp_e2e(scenario, node, mcp_bin, kgate_token, tmp_path):
+    run_scenario(scenario, "stdio", node, mcp_bin, kgate_token, tmp_path)
+
+
+@pytest.mark.parametrize("scenario", HTTP_SCENARIOS)
+def test_mcp_http_e2e(scenario, node, mcp_bin, kgate_token, tmp_path):
+    """The same scenarios through kgate's /mcp with the SDK's StreamableHTTPClientTransport."""
+    run_scenario(scenario, "http", node, mcp_bin, kgate_token, tmp_path)
+
+
+def run_scenario(scenario, transport, node, mcp_bin, kgate_token, tmp_path):
     kg = kgate_token
     xdg = tmp_path / "xdg"
     (xdg / "kgate").mkdir(parents=True)
@@ -79,6 +95,7 @@ def test_mcp_e2e(scenario, node, mcp_bin, kgate_token, tmp_path):
         "KGATE_TOKEN": TOKEN,
         "XDG_CONFIG_HOME": str(xdg),
         "KGATE_E2E_RUNTIME_DIR": str(kg.runtime_dir),
+        "KGATE_E2E_TRANSPORT": transport,
     })
     try:
         proc = subprocess.run([node, str(E2E_SCRIPT), scenario], cwd=str(E2E_DIR), env=env,

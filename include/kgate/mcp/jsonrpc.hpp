@@ -149,7 +149,8 @@ struct ServerOptions {
 
 // Where a session's messages go: one JSON-RPC message each. Returns false when it could not be
 // sent. Called from the thread that handles a message and from tool calls' threads, never two
-// at once for one call.
+// at once for one call. A null message is no message: a tools/call was cancelled and ended, so
+// its reply will never come (an HTTP transport still owes its POST an answer).
 using Sink = std::function<bool(const json& msg)>;
 
 // One MCP conversation, whatever carries it: stdio (StdioServer) or kgate's /mcp over HTTP. It

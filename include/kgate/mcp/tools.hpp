@@ -18,9 +18,24 @@
 
 namespace kgate::mcp {
 
+// Where the tools are served from.
+struct Hosting {
+  // How the agent's label names it, after the client's name: "kgate-mcp pid 123" (the
+  // conversation's own process) or "kgate /mcp session 1a2b3c4d".
+  std::string where;
+  // kgate-mcp: a kernel made on the default gateway gets this process's cwd and environment,
+  // which are the conversation's. kgate's /mcp: the process is kgate, whose are not: neither.
+  bool send_environment = true;
+  // kgate's /mcp: only the kgate that serves it. A gateways.toml name or a URL is refused: the
+  // client holds this kgate's token, not the tokens gateways.toml holds for the others.
+  bool this_gateway_only = false;
+  // The stdio process's: "kgate-mcp pid N", sending its environment, any gateway.
+  static Hosting stdio_process();
+};
+
 class Translator final : public ToolHandler {
  public:
-  explicit Translator(Config cfg);
+  explicit Translator(Config cfg, Hosting hosting = Hosting::stdio_process());
   ~Translator() override;
 
   json tool_list() const override;
@@ -59,6 +74,8 @@ class Translator final : public ToolHandler {
   std::optional<Current> current();  // a copy of the pointer
   std::string label();               // how kgate shows this agent (claims, records, observe page)
   // The gateway a call means: `host` resolved, or the current kernel's when `host` is "".
+  // resolve_gateway, within what hosting_ allows.
+  bool resolve(const std::string& host, Endpoint& ep, std::string& error);
   bool endpoint_for(const std::string& host, const std::optional<Current>& cur, Endpoint& ep, std::string& error);
   // The kernel a call names (a unique id prefix) or the current one; `error` says what to do.
   std::optional<Target> target(const json& args, std::string& error);
@@ -83,6 +100,7 @@ class Translator final : public ToolHandler {
   void ack(const Target& t, const std::vector<std::string>& ids);
 
   Config cfg_;
+  Hosting hosting_;
   std::string agent_;  // this conversation's agent id (random per process)
   std::mutex mu_;
   std::string label_;  // guarded by mu_

@@ -1,0 +1,256 @@
+// McpHttp (mcp_http.hpp): MCP's Streamable HTTP transport at {base}mcp, over kgate_mcp's sessions.
+#include "mcp_http.hpp"
+
+#include <atomic>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "kgate/connection.hpp"
+#include "kgate/mcp/jsonrpc.hpp"
+#include "kgate/mcp/tools.hpp"
+#include "kgate/utf8.hpp"
+#include "kgate/version.hpp"
+#include "kgate/wire.hpp"
+#include "routes.hpp"
+#include "server.hpp"
+
+namespace kgate::gw {
+
+namespace {
+
+constexpr int kSessionNotFound = -32001;  // what the MCP SDKs' servers send for an unknown session
+constexpr int kServerError = -32000;
+constexpr std::string_view kVersions[] = {"2025-11-25", "2025-06-18", "2025-03-26", "2026-07-28"};
+
+json rpc_error(const json& id, int code, const std::string& message) {
+  return {{"jsonrpc", "2.0"}, {"error", {{"code", code}, {"message", message}}}, {"id", id}};
+}
+
+Response json_rpc_response(unsigned version, bool keep_alive, http::status st, const json* body) {
+  Response res{st, version};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.keep_alive(keep_alive);
+  if (body) {
+    res.set(http::field::content_type, "application/json");
+    res.body() = body->dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  res.prepare_payload();
+  return res;
+}
+
+// The Translator's way back to this kgate: as any client, with kgate's token, over the Unix
+// socket when there is one (and base_url is "/"), else over TCP on loopback (or the bound
+// address). Over TLS the certificate is not checked: the connection is to this process's own
+// listener on this machine, and its name (if any) need not be 127.0.0.1.
+mcp::Config self_config(const Server& server) {
+  const auto& o = server.options();
+  mcp::Config cfg;
+  cfg.dir = kgate_config_dir();
+  cfg.default_token = o.token;
+  if (!o.tcp || (server.unix_socket().string().size() && o.base_url == "/")) {
+    cfg.default_url = "unix://" + server.unix_socket().string();
+  } else {
+    std::string host = o.ip;
+    if (host.empty() || host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
+    if (host == "::") host = "::1";
+    if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    cfg.default_url = std::string(server.tls() ? "https" : "http") + "://" + host + ":" +
+                      std::to_string(server.endpoint().port()) + o.base_url;
+    cfg.default_verify = !server.tls();
+  }
+  return cfg;
+}
+
+bool accepts_json(std::string_view accept) {
+  if (accept.empty()) return true;
+  for (std::string_view t : {"application/json", "application/*", "*/*"})
+    if (accept.find(t) != std::string_view::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+// One POST waiting for its answer: exactly one, from whichever thread has it first (the
+// request's reply, a cancelled call's end, the session's end), always written on the Asio thread.
+struct McpHttp::Pending {
+  net::io_context& ioc;
+  Respond respond;
+  unsigned version;
+  bool keep_alive;
+  json id;                     // the request's id (null: a notification or a response)
+  std::string session_header;  // initialize: the new session's id, sent back in Mcp-Session-Id
+  std::atomic<bool> answered{false};
+
+  Pending(net::io_context& i, Respond r, unsigned v, bool k, json request_id)
+      : ioc(i), respond(std::move(r)), version(v), keep_alive(k), id(std::move(request_id)) {}
+
+  void answer(http::status st, std::optional<json> body = std::nullopt) {
+    if (answered.exchange(true)) return;
+    net::post(ioc, [respond = respond, version = version, keep_alive = keep_alive, st, body = std::move(body),
+                    sid = session_header] {
+      Response res = json_rpc_response(version, keep_alive, st, body ? &*body : nullptr);
+      if (!sid.empty()) res.set("Mcp-Session-Id", sid);
+      respond(std::move(res));
+    });
+  }
+};
+
+McpHttp::McpHttp(Server& server) : server_(server), reaper_(server.ioc()) { reap(); }
+
+McpHttp::~McpHttp() = default;
+
+void McpHttp::post(Call& c) {
+  const Request& req = c.req;
+  const unsigned version = req.version();
+  const bool keep_alive = req.keep_alive();
+  auto refuse = [&](http::status st, int code, const std::string& message) {
+    json body = rpc_error(nullptr, code, message);
+    c.respond(json_rpc_response(version, keep_alive, st, &body));
+  };
+  std::string_view type = req[http::field::content_type];
+  if (type.substr(0, 16) != "application/json")
+    return refuse(http::status::unsupported_media_type, kServerError,
+                  "Unsupported Media Type: a POST to /mcp carries one JSON-RPC message as application/json");
+  if (!accepts_json(req[http::field::accept]))
+    return refuse(http::status::not_acceptable, kServerError,
+                  "Not Acceptable: kgate answers with application/json; the Accept header must allow it");
+  if (std::string_view pv = req["MCP-Protocol-Version"]; !pv.empty()) {
+    bool known = false;
+    for (auto v : kVersions) known = known || v == pv;
+    if (!known)
+      return refuse(http::status::bad_request, kServerError,
+                    "Bad Request: MCP-Protocol-Version " + std::string(pv) +
+                        " is not supported (2026-07-28, 2025-11-25, 2025-06-18, 2025-03-26)");
+  }
+  json msg = json_depth_within(req.body()) ? json::parse(req.body(), nullptr, false) : json();
+  if (msg.is_discarded() || msg.is_null())
+    return refuse(http::status::bad_request, -32700, "Parse error: the body is not one JSON-RPC message");
+  if (msg.is_array())
+    return refuse(http::status::bad_request, -32600, "Invalid Request: batches are not supported");
+  const bool request = msg.is_object() && msg.contains("method") && msg.contains("id") &&
+                       (msg["id"].is_string() || msg["id"].is_number());
+  const bool initialize = request && msg["method"] == "initialize";
+  const std::string sid(req["Mcp-Session-Id"]);
+
+  std::string id = sid;
+  if (initialize) {
+    if (!sid.empty())
+      return refuse(http::status::bad_request, kServerError,
+                    "Bad Request: initialize opens a new session; send it without Mcp-Session-Id");
+    if (sessions_.size() >= kMaxSessions)
+      return refuse(http::status::service_unavailable, kServerError,
+                    "kgate serves " + std::to_string(kMaxSessions) +
+                        " MCP sessions, its limit: end one (DELETE /mcp) or wait for an idle one to end");
+    id = new_hex_id();
+    mcp::Hosting hosting{"kgate /mcp session " + id.substr(0, 8), false, true};
+    Entry e;
+    e.translator = std::make_shared<mcp::Translator>(self_config(server_), std::move(hosting));
+    e.session = std::make_shared<mcp::McpSession>(*e.translator);
+    sessions_.emplace(id, std::move(e));
+    spdlog::info("mcp: session {} opened", id.substr(0, 8));
+  } else if (sid.empty()) {
+    return refuse(http::status::bad_request, kServerError,
+                  "Bad Request: no Mcp-Session-Id; a session starts with initialize");
+  }
+  auto it = sessions_.find(id);
+  if (it == sessions_.end())
+    return refuse(http::status::not_found, kSessionNotFound,
+                  "Session not found: it ended (deleted, idle, or kgate restarted); initialize a new one");
+  Entry& e = it->second;
+  e.last_used = std::chrono::steady_clock::now();
+
+  auto p = std::make_shared<Pending>(server_.ioc(), std::move(c.respond), version, keep_alive,
+                                     request ? msg["id"] : json());
+  if (initialize) p->session_header = id;
+  mcp::Sink sink;
+  if (request) {
+    e.pending.erase(std::remove_if(e.pending.begin(), e.pending.end(), [](auto& w) { return w.expired(); }),
+                    e.pending.end());
+    e.pending.push_back(p);
+    // Its reply is the answer; progress notifications have no place in a JSON answer.
+    sink = [p](const json& m) {
+      if (m.is_null()) p->answer(http::status::accepted);  // cancelled: no reply will come
+      else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error")))
+        p->answer(http::status::ok, m);
+      return true;
+    };
+  } else {
+    // A notification or a response: 202, unless it was malformed (then the error, with 400).
+    sink = [p](const json& m) {
+      if (m.is_object() && m.contains("error")) p->answer(http::status::bad_request, m);
+      return true;
+    };
+  }
+  e.session->handle(req.body(), sink);
+  if (!request) p->answer(http::status::accepted);
+  else if (e.session->closed()) p->answer(http::status::not_found, rpc_error(p->id, kSessionNotFound, "Session not found"));
+}
+
+void McpHttp::del(Call& c) {
+  const std::string sid(c.req["Mcp-Session-Id"]);
+  if (sid.empty())
+    return c.respond(json_error(c.req, http::status::bad_request, "DELETE /mcp needs the session's Mcp-Session-Id"));
+  if (!sessions_.count(sid))
+    return c.respond(json_error(c.req, http::status::not_found, "Session not found"));
+  end(sid, "the client deleted it");
+  Response res{http::status::ok, c.req.version()};
+  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.keep_alive(c.req.keep_alive());
+  res.prepare_payload();
+  c.respond(std::move(res));
+}
+
+void McpHttp::end(const std::string& id, const std::string& why) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return;
+  Entry e = std::move(it->second);
+  sessions_.erase(it);
+  spdlog::info("mcp: session {} ended: {}", id.substr(0, 8), why);
+  // Closing waits for the calls in flight (up to the grace) and stops the auto kernel through
+  // this kgate's own API: never on the Asio thread.
+  std::thread([e = std::move(e), why]() mutable {
+    e.session->close();
+    for (auto& w : e.pending)
+      if (auto p = w.lock()) {
+        json body = rpc_error(p->id, kServerError, "the MCP session ended (" + why + ") before this request's reply");
+        p->answer(http::status::not_found, body);
+      }
+    if (e.session->in_flight() > 0) {
+      // A call outlived the grace: its thread still uses the translator. Never freed, as in
+      // kgate-mcp (which leaves with _Exit).
+      static std::mutex mu;
+      static std::vector<std::shared_ptr<mcp::Translator>> kept;
+      std::lock_guard lk(mu);
+      kept.push_back(e.translator);
+    }
+  }).detach();
+}
+
+void McpHttp::close_all() {
+  reaper_.cancel();
+  std::vector<std::string> ids;
+  for (const auto& [id, e] : sessions_) ids.push_back(id);
+  for (const auto& id : ids) end(id, "kgate is stopping");
+}
+
+void McpHttp::reap() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> idle;
+  for (const auto& [id, e] : sessions_) {
+    bool waiting = std::any_of(e.pending.begin(), e.pending.end(), [](auto& w) { return !w.expired(); });
+    if (!waiting && e.session->in_flight() == 0 && now - e.last_used > kIdleTimeout) idle.push_back(id);
+  }
+  for (const auto& id : idle) end(id, "idle for " + std::to_string(kIdleTimeout.count()) + " min");
+  reaper_.expires_after(std::chrono::seconds(30));
+  reaper_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) reap();
+  });
+}
+
+// ---- The routes (routes.cpp) ----
+
+void mcp_post(Call& c) { c.server.mcp().post(c); }
+void mcp_delete(Call& c) { c.server.mcp().del(c); }
+
+}  // namespace kgate::gw

@@ -1,0 +1,116 @@
+"""kgate's own /mcp (README "MCP over HTTP"): the Streamable HTTP transport's status codes and
+headers, sessions, and what a session's end does.  The tools themselves are driven through the
+official SDK client in test_mcp_e2e.py (test_mcp_http_e2e)."""
+
+import json
+
+from conftest import wait_until
+
+TOKEN = "kgate-mcp-http-token-7d21"
+JSON = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def post(kg, body, session=None, headers=None, auth=True):
+    h = dict(JSON)
+    if session:
+        h["Mcp-Session-Id"] = session
+    h.update(headers or {})
+    raw = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    status, hdrs, data = kg.http("POST", "/mcp", raw, h, auth=auth)
+    return status, hdrs, (json.loads(data) if data else None)
+
+
+def initialize(kg, name="pytest"):
+    status, hdrs, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                   "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                              "clientInfo": {"name": name, "version": "1"}}})
+    assert status == 200, body
+    assert body["result"]["protocolVersion"] == "2025-11-25", body
+    sid = hdrs["Mcp-Session-Id"]
+    assert len(sid) >= 32 and sid.isalnum(), sid
+    return sid
+
+
+def call(kg, sid, tool, arguments=None, rid=7):
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                                "params": {"name": tool, "arguments": arguments or {}}}, sid)
+    assert status == 200, body
+    assert body["id"] == rid, body
+    return "\n".join(b["text"] for b in body["result"]["content"] if b["type"] == "text"), body["result"]
+
+
+def test_transport_status_codes(kgate_factory):
+    kg = kgate_factory(token=TOKEN)
+    # Behind the token, like every route.
+    status, _, _ = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, auth=False)
+    assert status == 401
+    # No session yet: only initialize opens one.
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert status == 400 and "Mcp-Session-Id" in body["error"]["message"], body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session="0" * 32)
+    assert status == 404 and body["error"]["code"] == -32001, body
+    status, _, body = post(kg, "{not json")
+    assert status == 400 and body["error"]["code"] == -32700, body
+    status, _, body = post(kg, [{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+    assert status == 400 and body["error"]["code"] == -32600, body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"Content-Type": "text/plain"})
+    assert status == 415, body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"Accept": "text/html"})
+    assert status == 406, body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"MCP-Protocol-Version": "1999-01-01"})
+    assert status == 400 and "1999-01-01" in body["error"]["message"], body
+    status, headers, _ = kg.http("GET", "/mcp", headers={"Accept": "text/event-stream"})
+    assert status == 405 and headers["Allow"] == "POST, DELETE", headers
+
+    sid = initialize(kg)
+    status, _, body = post(kg, {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid)
+    assert status == 202 and body is None, body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": "a", "method": "tools/list"}, sid)
+    assert status == 200 and [t["name"] for t in body["result"]["tools"]][:2] == ["connect", "execute"], body
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 2, "method": "nope"}, sid)
+    assert status == 200 and body["error"]["code"] == -32601, body
+    # initialize again opens another session, never re-initializes this one.
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {}}, sid)
+    assert status == 400, body
+
+    # A host other than this kgate is refused: the client holds this kgate's token only.
+    text, result = call(kg, sid, "list_kernels", {"host": "http://example.invalid:1"})
+    assert result["isError"] and "this kgate's kernels only" in text, text
+
+    status, _, _ = kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})
+    assert status == 200
+    status, _, body = post(kg, {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, sid)
+    assert status == 404, body
+    status, _, _ = kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})
+    assert status == 404
+
+
+def test_each_session_has_its_own_kernel_and_its_end_frees_it(kgate_factory):
+    kg = kgate_factory(token=TOKEN)
+    a, b = initialize(kg, "agent-a"), initialize(kg, "agent-b")
+    call(kg, a, "execute", {"code": "x = 'a'"})
+    call(kg, b, "execute", {"code": "x = 'b'"})
+    ta, _ = call(kg, a, "execute", {"code": "x"})
+    tb, _ = call(kg, b, "execute", {"code": "x"})
+    assert ta.strip().endswith("'a'") and tb.strip().endswith("'b'"), (ta, tb)
+    status, _, kernels = kg.rest("GET", "/api/kgate/kernels")
+    assert status == 200 and len(kernels) == 2, kernels
+    labels = sorted(k["claim"]["label"] for k in kernels)
+    assert labels[0].startswith("agent-a (kgate /mcp session ") and labels[1].startswith("agent-b ("), labels
+
+    # Ending a session stops its auto kernel and frees its claim; the other goes on.
+    status, _, _ = kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": a})
+    assert status == 200
+    assert wait_until(lambda: len(kg.rest("GET", "/api/kernels")[2]) == 1, 15), kg.rest("GET", "/api/kernels")
+    tb, _ = call(kg, b, "execute", {"code": "x"})
+    assert tb.strip().endswith("'b'"), tb
+    assert any("mcp: session" in line and "ended: the client deleted it" in line for line in kg.log_lines), kg.log_tail(20)
+    kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": b})
+
+
+def test_origin_and_host_are_checked(kgate_factory):
+    kg = kgate_factory(token=TOKEN)
+    status, _, _ = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"Origin": "http://evil.example"})
+    assert status == 403
+    status, _, _ = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"Host": "evil.example"})
+    assert status == 403
