@@ -32,14 +32,17 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# The MCP TypeScript SDK and @jupyterlab/services for the end-to-end tests, from npm, exactly as
-# package-lock.json pins them.
+# From npm, exactly as each package-lock.json pins them: the MCP TypeScript SDK and
+# @jupyterlab/services for the end-to-end tests (tests/e2e), and the MCP conformance suite with
+# the Node 22 it needs (tests/conformance).
 npm_deps() {
-  local dir="$here/tests/e2e"
-  if [ -f "$dir/package-lock.json" ] && { [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; }; then
-    echo "bootstrap: npm ci in tests/e2e" >&2
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
-  fi
+  local dir
+  for dir in "$here/tests/e2e" "$here/tests/conformance"; do
+    if [ -f "$dir/package-lock.json" ] && { [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; }; then
+      echo "bootstrap: npm ci in ${dir#$here/}" >&2
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
+    fi
+  done
 }
 
 if [ ${#missing[@]} -eq 0 ]; then
