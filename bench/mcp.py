@@ -78,9 +78,10 @@ TARGET_START_MS = 20.0   # start to answering initialize
 
 # the round-trip columns, in run order (reversed on even reps)
 COLUMNS = {"direct": "direct ZMQ (floor)", "direct_history": "direct ZMQ, store_history=True",
-           "mcp": "MCP → kgate-mcp → kgate", "agent_rest": "kgate agent REST",
+           "mcp": "MCP → kgate-mcp → kgate", "mcp_http": "MCP → kgate /mcp (HTTP)", "agent_rest": "kgate agent REST",
            "kgate_ws": "kgate ws", "peer": "jupyter_server ws (peer)"}
-SHORT = {"direct": "direct", "direct_history": "direct (history)", "mcp": "MCP", "agent_rest": "agent REST",
+SHORT = {"direct": "direct", "direct_history": "direct (history)", "mcp": "MCP", "mcp_http": "MCP /mcp",
+         "agent_rest": "agent REST",
          "kgate_ws": "kgate ws", "peer": "peer"}
 
 T0 = time.monotonic()
@@ -305,6 +306,72 @@ def run_direct_history(env, cwd):
     return bench.run_client(env, cwd, ["direct", N, "--store-history"], 120)
 
 
+def mcp_http_run(kg):
+    """kgate's own /mcp over HTTP/1.1 keep-alive (Python http.client): initialize (a session),
+    notifications/initialized, connect (a fresh kernel), WARMUP + N tools/call execute('1+1'), each
+    timed from sending the POST to reading its JSON reply; then DELETE /mcp ends the session,
+    and the kernel connect made is deleted."""
+    H = {"Authorization": "Bearer " + kg.token, "Content-Type": "application/json",
+         "Accept": "application/json, text/event-stream"}
+    conn = http.client.HTTPConnection("127.0.0.1", kg.port, timeout=60)
+    sid = None
+    ids = iter(range(1, 1 << 30))
+
+    def post(msg):
+        h = dict(H)
+        if sid:
+            h["Mcp-Session-Id"] = sid
+        conn.request("POST", "/mcp", body=json.dumps(msg, separators=(",", ":")), headers=h)
+        r = conn.getresponse()
+        raw = r.read()
+        return r, (json.loads(raw) if raw else None)
+
+    def call(tool, args):
+        r, m = post({"jsonrpc": "2.0", "id": next(ids), "method": "tools/call",
+                     "params": {"name": tool, "arguments": args}})
+        if r.status != 200 or "result" not in (m or {}):
+            raise StepError("/mcp tools/call %s: HTTP %s %s" % (tool, r.status, json.dumps(m)[:300]))
+        res = m["result"]
+        return res, (res.get("content") or [{}])[0].get("text")
+
+    before = {k["id"] for k in kg.rest("GET", "/api/kernels", timeout=10)}
+    try:
+        r, m = post({"jsonrpc": "2.0", "id": next(ids), "method": "initialize",
+                     "params": {"protocolVersion": PROTOCOL, "capabilities": {},
+                                "clientInfo": {"name": "kgate-bench", "version": "1"}}})
+        sid = r.getheader("Mcp-Session-Id")
+        if r.status != 200 or not sid:
+            raise StepError("/mcp initialize: HTTP %s, no session (%s)" % (r.status, json.dumps(m)[:300]))
+        post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        res, text = call("connect", {})
+        if res.get("isError"):
+            raise StepError("/mcp connect failed: %s" % (text or "")[:500])
+        lat = []
+        for i in range(WARMUP + N):
+            if i == WARMUP:
+                cpu0 = bench.cpu_s(kg.proc.pid)
+            t = time.perf_counter()
+            res, text = call("execute", {"code": "1+1"})
+            dt = time.perf_counter() - t
+            if text != "2" or res.get("isError"):
+                raise StepError("/mcp execute %d replied %r" % (i + 1, (text or "")[:300]))
+            if i >= WARMUP:
+                lat.append(dt)
+        cpu = bench.cpu_s(kg.proc.pid) - cpu0
+        conn.request("DELETE", "/mcp", headers={"Authorization": H["Authorization"], "Mcp-Session-Id": sid})
+        conn.getresponse().read()
+    finally:
+        conn.close()
+        try:  # connect's kernel is never stopped implicitly: delete it
+            for k in kg.rest("GET", "/api/kernels", timeout=10):
+                if k["id"] not in before:
+                    kg.rest("DELETE", "/api/kernels/" + k["id"], timeout=30)
+        except Exception as e:
+            log("deleting the /mcp run's kernel failed: %s" % e)
+    return {"median_us": round(statistics.median(lat) * 1e6), "p90_us": round(pct(lat, 0.9) * 1e6),
+            "min_us": round(min(lat) * 1e6), "max_us": round(max(lat) * 1e6), "kgate_cpu_s": round(cpu, 3)}
+
+
 def agent_rest_run(kg):
     """kgate's agent path over plain HTTP/1.1 keep-alive, what kgate-mcp does per execute: POST
     /api/kgate/kernels/{id}/execute {code, agent, wait, digest: true} (the finished record carries
@@ -367,6 +434,7 @@ def summarize(R):
         row["mcp_over_direct"] = ratio(row["mcp"], row["direct"])
         row["mcp_over_direct_history"] = ratio(row["mcp"], row["direct_history"])
         row["mcp_over_agent_rest"] = ratio(row["mcp"], row["agent_rest"])
+        row["mcp_http_over_direct_history"] = ratio(row["mcp_http"], row["direct_history"])
         rt.append(row)
     runs = lat["mcp"]
     st = R.get("start") or {}
@@ -376,6 +444,8 @@ def summarize(R):
         "mcp_over_direct": rt[0]["mcp_over_direct"],
         "mcp_over_direct_history": rt[0]["mcp_over_direct_history"],
         "mcp_over_agent_rest": rt[0]["mcp_over_agent_rest"],
+        "mcp_http_over_direct_history": rt[0]["mcp_http_over_direct_history"],
+        "kgate_mcp_http_cpu_ms": med([x["kgate_cpu_s"] * 1e3 for x in lat["mcp_http"] if x and "kgate_cpu_s" in x]),
         "agent_rest_execute_only_median_us": g("agent_rest", "execute_only_median_us"),
         "rss_after_initialize_mb": med([x["rss_after_initialize_mb"] for x in runs if "rss_after_initialize_mb" in x]),
         "rss_after_initialize_0_5s_mb": med([x["rss_after_initialize_0_5s_mb"] for x in runs
@@ -439,6 +509,11 @@ def print_tables(R):
         # cost (IPython's history.sqlite commit) is the kernel's; see bench/README.md.
         ["MCP execute median / direct ZMQ median, same request (store_history=True)",
          "—" if ratio_h is None else "%.3f×" % ratio_h, "≤ %.2f×" % TARGET_RATIO, _ok(ratio_h, TARGET_RATIO)],
+        ["kgate /mcp (HTTP) execute median / direct ZMQ median, same request (store_history=True)",
+         "—" if S["mcp_http_over_direct_history"] is None else "%.3f×" % S["mcp_http_over_direct_history"],
+         "≤ %.2f×" % TARGET_RATIO, _ok(S["mcp_http_over_direct_history"], TARGET_RATIO)],
+        ["kgate CPU over the /mcp run's %d timed executes (ms; kgate-mcp's work is in kgate here)" % N,
+         _f(S["kgate_mcp_http_cpu_ms"]), "—", "—"],
         ["MCP execute median / direct ZMQ median (store_history=False)",
          "—" if ratio is None else "%.3f×" % ratio, "—", "—"],
         ["idle RSS right after initialize (MB)", _f(S["rss_after_initialize_mb"], "1"), "≤ %.0f" % TARGET_RSS_MB,
@@ -566,6 +641,9 @@ def main():
             elif who == "direct_history":
                 log("rep %d/%d: direct ZMQ, store_history=True, N=%d" % (rep + 1, REPS, N))
                 x = step("direct (store_history) latency rep %d" % (rep + 1), run_direct_history, cl_env, tmp)
+            elif who == "mcp_http":
+                log("rep %d/%d: kgate /mcp execute N=%d" % (rep + 1, REPS, N))
+                x = step("mcp http latency rep %d" % (rep + 1), mcp_http_run, kg)
             elif who == "agent_rest":
                 log("rep %d/%d: kgate agent REST N=%d" % (rep + 1, REPS, N))
                 x = step("agent REST latency rep %d" % (rep + 1), agent_rest_run, kg)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kgate-mcp benchmark: MCP execute round trip vs direct ZMQ / kgate ws / jupyter_server,
+# kgate-mcp benchmark: MCP execute round trip (kgate-mcp on stdio, and kgate's own /mcp) vs direct ZMQ / kgate ws / jupyter_server,
 # kgate-mcp idle RSS, and spawn to answering initialize.
 # usage: bench/mcp.sh [-h]
 #   env: KGATE_BIN (default <repo>/build/gateway/kgate), KGATE_MCP_BIN (default <repo>/build/translator/kgate-mcp),

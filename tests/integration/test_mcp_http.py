@@ -114,3 +114,37 @@ def test_origin_and_host_are_checked(kgate_factory):
     assert status == 403
     status, _, _ = post(kg, {"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers={"Host": "evil.example"})
     assert status == 403
+
+
+def test_concurrent_sessions_never_cross_replies(kgate_factory):
+    """Sessions at once, each on its own kernel, each cell's reply checked against the value only
+    that session's kernel holds: no reply lost, none answered to the wrong session or request."""
+    import threading
+
+    kg = kgate_factory(token=TOKEN)
+    sessions, cells = 8, 12
+    sids = [initialize(kg, f"agent-{i}") for i in range(sessions)]
+    errors = []
+
+    def work(i, sid):
+        try:
+            text, result = call(kg, sid, "execute", {"code": f"mine = {i}"}, rid=1)
+            assert not result["isError"], text
+            for n in range(cells):
+                rid = 100 + n
+                text, result = call(kg, sid, "execute", {"code": f"print(mine, {n})"}, rid=rid)
+                assert not result["isError"] and text.strip().endswith(f"{i} {n}"), (i, n, text)
+        except Exception as e:  # noqa: BLE001 (reported below, with the session)
+            errors.append(f"session {i}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(i, sid)) for i, sid in enumerate(sids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, "\n".join(errors)
+    status, _, kernels = kg.rest("GET", "/api/kernels")
+    assert len(kernels) == sessions, kernels
+    for sid in sids:
+        kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})
+    assert wait_until(lambda: kg.rest("GET", "/api/kernels")[2] == [], 60), kg.rest("GET", "/api/kernels")
