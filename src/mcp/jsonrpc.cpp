@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "kgate/connection.hpp"
 #include "kgate/mcp/version_info.hpp"
 
 namespace kgate::mcp {
@@ -38,6 +39,16 @@ constexpr long long kListTtlMs = 60LL * 60 * 1000;
 // stack on a line of a few million '['.
 constexpr std::size_t kMaxDepth = 256;
 constexpr std::size_t kReadChunk = 64u << 10;
+// MCP tasks (2025-11-25, experimental): the version that has them, how long a task and its
+// result are kept unless the client asks for less, the longest it may ask for, how often a
+// client is told to poll, and how many tasks a session keeps (the oldest ended one goes first;
+// with all of them running, a new one is refused).
+constexpr std::string_view kTasksVersion = "2025-11-25";
+constexpr long long kTaskTtlMs = 60LL * 60 * 1000;
+constexpr long long kMaxTaskTtlMs = 24LL * 60 * 60 * 1000;
+constexpr long long kTaskPollMs = 1000;
+constexpr std::size_t kMaxTasks = 256;
+constexpr std::string_view kMetaRelatedTask = "io.modelcontextprotocol/related-task";
 
 // The translator's protocol log. It writes to stderr: stdout carries nothing but protocol, and
 // spdlog's default logger writes to stdout. It is registered with spdlog, so spdlog::set_level
@@ -165,6 +176,8 @@ class LineReader {
   std::vector<char> chunk_;
 };
 
+struct TaskState;
+
 // One tools/call, shared by the reader thread and the call's worker thread.
 struct CallState {
   Call call;
@@ -173,13 +186,48 @@ struct CallState {
   bool replied = false;    // the reply went out, or was dropped: nothing more is sent for the call
   bool dropped = false;    // notifications/cancelled named the call, so its reply is not sent
   std::optional<double> last_progress;
+  std::shared_ptr<TaskState> task;  // a task-augmented call: its reply is kept, not sent
 };
+
+// One MCP task: a tools/call whose reply is kept for tasks/result (under Shared::tasks_mutex).
+struct TaskState {
+  std::string id;
+  std::string created_at, updated_at;  // ISO 8601
+  std::chrono::steady_clock::time_point created;
+  long long ttl_ms = kTaskTtlMs;
+  std::string status = "working";  // working, then completed, failed or cancelled (terminal)
+  std::string message;
+  std::optional<json> reply;  // the call's JSON-RPC reply, without its id, once it ended
+  std::vector<std::pair<json, Sink>> waiting;  // tasks/result requests: id, where to answer
+  std::shared_ptr<CallState> call;
+
+  bool terminal() const { return status != "working"; }
+  json to_json() const {
+    json j = {{"taskId", id},          {"status", status}, {"createdAt", created_at},
+              {"lastUpdatedAt", updated_at}, {"ttl", ttl_ms}, {"pollInterval", kTaskPollMs}};
+    if (!message.empty()) j["statusMessage"] = message;
+    return j;
+  }
+};
+
+// A task's reply, as tasks/result returns it to request `id`.
+json task_reply(const TaskState& t, const json& id) {
+  json msg = *t.reply;
+  msg["id"] = id;
+  if (msg.contains("result") && msg["result"].is_object())
+    msg["result"]["_meta"][std::string(kMetaRelatedTask)] = {{"taskId", t.id}};
+  return msg;
+}
 
 // The state that worker threads share with the session. It can outlive the session, because a
 // call still running after eof_grace keeps it alive.
 struct Shared {
   // Once the session is closed nothing more is sent, from any thread (under each call's mutex).
   std::atomic<bool> closed{false};
+
+  std::mutex tasks_mutex;
+  std::map<std::string, std::shared_ptr<TaskState>> tasks;  // by id
+  std::vector<std::string> task_order;                       // ids, oldest first
 
   std::mutex calls_mutex;
   std::condition_variable calls_done;  // notified whenever a call leaves in_flight
@@ -239,7 +287,32 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
   } catch (const std::exception& e) {  // building the reply itself failed (e.g. out of memory)
     msg = make_error(call.id, rpc_error::kInternalError, std::string("Internal error: ") + e.what());
   }
-  {
+  if (st->task) {
+    // A task: its reply is kept for tasks/result, and given to those already waiting for it.
+    std::vector<std::pair<json, Sink>> waiting;
+    json stored;
+    {
+      std::lock_guard lock(shared->tasks_mutex);
+      TaskState& t = *st->task;
+      json reply = msg;
+      reply.erase("id");
+      t.reply = std::move(reply);
+      if (t.status == "working") {  // a cancelled task stays cancelled
+        bool failed = msg.contains("error") || msg["result"].value("isError", false);
+        t.status = failed ? "failed" : "completed";
+        t.message = failed ? "The tool reported an error: tasks/result has it." : "";
+      }
+      t.updated_at = iso_now();
+      t.call.reset();
+      waiting.swap(t.waiting);
+      if (!shared->closed)
+        for (auto& [wid, out] : waiting) out(task_reply(t, wid));  // under the lock: t stays whole
+    }
+    {
+      std::lock_guard lock(st->mutex);
+      st->replied = true;
+    }
+  } else {
     std::lock_guard lock(st->mutex);
     st->replied = true;
     if (st->dropped) {
@@ -300,6 +373,10 @@ struct McpSession::Impl {
   void discover(const json& id);
   void tools_list(const json& id, const Era& era);
   void tools_call(const json& id, const json& params, const Era& era);
+  // MCP tasks (2025-11-25): tasks/get, tasks/result, tasks/cancel, tasks/list.
+  bool tasks_offered(const Era& era) const { return !era.modern && era.version == kTasksVersion; }
+  std::shared_ptr<TaskState> find_task(const json& id, const json& params);
+  void tasks_request(const json& id, const std::string& method, const json& params, const Era& era);
   void cancel(const json& params);
   void reap();
   void at_eof();
@@ -471,6 +548,8 @@ void McpSession::Impl::handle_request(const json& id, const std::string& method,
     tools_list(id, era);
   } else if (method == "tools/call") {
     tools_call(id, params, era);
+  } else if (method.rfind("tasks/", 0) == 0 && tasks_offered(era)) {
+    tasks_request(id, method, params, era);
   } else {
     log().info("{} (id {}): method not found", method, id.dump());
     send(make_error(id, rpc_error::kMethodNotFound, "Method not found: " + method));
@@ -502,6 +581,9 @@ void McpSession::Impl::initialize(const json& id, const json& params) {
   json result = {{"protocolVersion", legacy_version},
                  {"capabilities", {{"tools", {{"listChanged", false}}}}},
                  {"serverInfo", server_info()}};
+  if (legacy_version == kTasksVersion)  // tools/call of a tool whose execution.taskSupport allows it
+    result["capabilities"]["tasks"] = {{"list", json::object()}, {"cancel", json::object()},
+                                       {"requests", {{"tools", {{"call", json::object()}}}}}};
   if (!opts.instructions.empty()) result["instructions"] = opts.instructions;
   send(make_result(id, std::move(result)));
 }
@@ -564,6 +646,29 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
       return;
     }
   }
+  // A task-augmented call (2025-11-25): only for a tool whose execution.taskSupport allows it.
+  std::string support = "forbidden";
+  if (const auto ex = decl->find("execution"); ex != decl->end() && ex->is_object())
+    support = ex->value("taskSupport", std::string("forbidden"));
+  const auto task_param = params.find("task");
+  const bool as_task = task_param != params.end() && task_param->is_object() && tasks_offered(era);
+  if (as_task && support == "forbidden") {
+    send(make_error(id, rpc_error::kMethodNotFound, "Method not found: tool " + tool + " does not run as a task"));
+    return;
+  }
+  if (!as_task && support == "required" && tasks_offered(era)) {
+    send(make_error(id, rpc_error::kMethodNotFound, "Method not found: tool " + tool + " runs only as a task"));
+    return;
+  }
+  std::shared_ptr<TaskState> task;
+  if (as_task) {
+    task = std::make_shared<TaskState>();
+    task->id = new_uuid();
+    task->created = std::chrono::steady_clock::now();
+    task->created_at = task->updated_at = iso_now();
+    if (const auto ttl = task_param->find("ttl"); ttl != task_param->end() && ttl->is_number() && ttl->get<double>() > 0)
+      task->ttl_ms = std::clamp<long long>(static_cast<long long>(ttl->get<double>()), 1000, kMaxTaskTtlMs);
+  }
   std::optional<json> token;
   if (const auto meta = params.find("_meta"); meta != params.end() && meta->is_object()) {
     if (const auto t = meta->find("progressToken"); t != meta->end()) {
@@ -578,7 +683,9 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
 
   auto st = std::make_shared<CallState>();
   st->out = out;
+  st->task = task;
   Call& call = st->call;
+  call.task = task != nullptr;
   call.id = id;
   call.tool = tool;
   call.arguments = std::move(arguments);
@@ -591,7 +698,26 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   };
 
   reap();
-  const std::string key = id_key(id);
+  // A task's call is keyed by its task: the request's id is free again once it is answered.
+  const std::string key = task ? "task:" + task->id : id_key(id);
+  if (task) {
+    std::lock_guard lock(shared->tasks_mutex);
+    if (shared->task_order.size() >= kMaxTasks) {
+      // Make room: the oldest task that has ended goes.
+      auto it = std::find_if(shared->task_order.begin(), shared->task_order.end(),
+                             [&](const std::string& t) { return shared->tasks.at(t)->terminal(); });
+      if (it == shared->task_order.end()) {
+        send(make_error(id, rpc_error::kTooManyCalls,
+                        "too many tasks (" + std::to_string(kMaxTasks) + ", all running); wait for one to end"));
+        return;
+      }
+      shared->tasks.erase(*it);
+      shared->task_order.erase(it);
+    }
+    task->call = st;
+    shared->tasks.emplace(task->id, task);
+    shared->task_order.push_back(task->id);
+  }
   std::optional<json> refusal;
   {
     std::lock_guard lock(shared->calls_mutex);
@@ -618,10 +744,102 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   }
   if (refusal) {
     log().warn("tools/call {} (id {}) refused: {}", tool, id.dump(), (*refusal)["error"]["message"].get<std::string>());
+    if (task) {
+      std::lock_guard lock(shared->tasks_mutex);
+      shared->tasks.erase(task->id);
+      shared->task_order.erase(std::find(shared->task_order.begin(), shared->task_order.end(), task->id));
+    }
     send(*refusal);
     return;
   }
-  log().debug("tools/call {} (id {}) started", tool, id.dump());
+  if (task) {
+    json created;
+    {
+      std::lock_guard lock(shared->tasks_mutex);
+      created = {{"task", task->to_json()}};
+    }
+    created["_meta"]["io.modelcontextprotocol/model-immediate-response"] =
+        "Started as task " + task->id + "; its result comes with tasks/result.";
+    send(make_result(id, std::move(created)));
+  }
+  log().debug("tools/call {} (id {}) started{}", tool, id.dump(), task ? " as task " + task->id : "");
+}
+
+std::shared_ptr<TaskState> McpSession::Impl::find_task(const json& id, const json& params) {
+  const auto tid = params.find("taskId");
+  if (tid == params.end() || !tid->is_string()) {
+    send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"taskId\" (a string) is required"));
+    return nullptr;
+  }
+  {
+    std::lock_guard lock(shared->tasks_mutex);
+    if (auto it = shared->tasks.find(tid->get<std::string>()); it != shared->tasks.end()) return it->second;
+  }
+  send(make_error(id, rpc_error::kInvalidParams,
+                  "Invalid params: no task " + tid->get<std::string>() + " (unknown, or its ttl ran out)"));
+  return nullptr;
+}
+
+void McpSession::Impl::tasks_request(const json& id, const std::string& method, const json& params, const Era&) {
+  if (method == "tasks/list") {
+    json list = json::array();
+    {
+      std::lock_guard lock(shared->tasks_mutex);
+      for (const auto& t : shared->task_order) list.push_back(shared->tasks.at(t)->to_json());
+    }
+    send(make_result(id, {{"tasks", std::move(list)}}));  // all of them: at most kMaxTasks
+    return;
+  }
+  if (method != "tasks/get" && method != "tasks/result" && method != "tasks/cancel") {
+    send(make_error(id, rpc_error::kMethodNotFound, "Method not found: " + method));
+    return;
+  }
+  auto t = find_task(id, params);
+  if (!t) return;
+  if (method == "tasks/get") {
+    std::lock_guard lock(shared->tasks_mutex);
+    send(make_result(id, t->to_json()));
+    return;
+  }
+  if (method == "tasks/result") {
+    std::unique_lock lock(shared->tasks_mutex);
+    if (t->reply) {
+      json msg = task_reply(*t, id);
+      lock.unlock();
+      send(msg);
+    } else {
+      t->waiting.emplace_back(id, out);  // answered when the call ends (run_call)
+    }
+    return;
+  }
+  // tasks/cancel: interrupts the call (the translator stops its job), the task is cancelled.
+  std::shared_ptr<CallState> call;
+  json state;
+  {
+    std::lock_guard lock(shared->tasks_mutex);
+    if (t->terminal()) {
+      send(make_error(id, rpc_error::kInvalidParams, "Invalid params: task " + t->id + " has ended (" + t->status + ")"));
+      return;
+    }
+    t->status = "cancelled";
+    t->message = "The task was cancelled by request; tasks/result has what the call returned.";
+    t->updated_at = iso_now();
+    call = t->call;
+    state = t->to_json();
+  }
+  if (call) {
+    {
+      std::lock_guard lock(call->mutex);
+      call->call.cancelled = true;
+    }
+    try {
+      handler.cancelled(call->call);
+    } catch (const std::exception& e) {
+      log().error("task {}: the tool's cancel hook failed: {}", t->id, e.what());
+    }
+  }
+  log().info("task {} cancelled by the client", t->id);
+  send(make_result(id, std::move(state)));
 }
 
 void McpSession::Impl::cancel(const json& params) {
@@ -659,6 +877,20 @@ void McpSession::Impl::cancel(const json& params) {
 }
 
 void McpSession::Impl::reap() {
+  {
+    // Ended tasks whose ttl ran out go, with their results.
+    std::lock_guard lock(shared->tasks_mutex);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = shared->task_order.begin(); it != shared->task_order.end();) {
+      const auto& t = *shared->tasks.at(*it);
+      if (t.terminal() && t.waiting.empty() && now - t.created > std::chrono::milliseconds(t.ttl_ms)) {
+        shared->tasks.erase(*it);
+        it = shared->task_order.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
   std::vector<std::thread> done;
   {
     std::lock_guard lock(shared->calls_mutex);

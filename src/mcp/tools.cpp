@@ -31,6 +31,7 @@ constexpr int kMaxPollWait = 30;
 constexpr double kSlice = 1.0;            // waits are sliced so cancellation and progress are prompt
 constexpr auto kCreateTimeout = 120s;
 constexpr double kSetupTimeout = 120;
+constexpr auto kInterruptWait = 10s;   // a cancelled task: how long its interrupted cell may take to end
 
 json text_block(const std::string& s) { return {{"type", "text"}, {"text", s}}; }
 ToolReply text_reply(const std::string& s, bool is_error = false) {
@@ -337,6 +338,11 @@ json Translator::tool_list() const {
     }
     t["annotations"] = std::move(a);
   }
+  // MCP tasks (2025-11-25): a client that has them may run a cell as a task, polled with
+  // tasks/get and collected with tasks/result; tasks/cancel interrupts it. Without, execute
+  // gives a job id after its timeout, as before.
+  for (auto& t : tools)
+    if (t["name"] == "execute") t["execution"] = {{"taskSupport", "optional"}};
   return tools;
 }
 
@@ -587,6 +593,14 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   if (call && call->cancelled && running(rec)) {
     t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
     spdlog::info("{} interrupted: its call was cancelled", job);
+    // A cancelled task's result is kept for tasks/result: it is the cell's end, not "running".
+    // (A plain call's reply is not sent at all, so it does not wait.)
+    for (auto until = std::chrono::steady_clock::now() + kInterruptWait;
+         call->task && running(rec) && std::chrono::steady_clock::now() < until;) {
+      auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=1", 30s);
+      if (p.status != 200) break;
+      rec = p.json_body();
+    }
   }
   still_running = running(rec);
   return rec;
@@ -865,7 +879,8 @@ ToolReply Translator::execute(Call& c) {
   auto code_it = c.arguments.find("code");
   if (code_it == c.arguments.end() || !code_it->is_string()) throw InvalidParams("'code' (a string) is required");
   std::string code = code_it->get<std::string>();
-  double timeout = num_arg(c.arguments, "timeout", kDefaultTimeout);
+  // As a task nothing waits on the reply: the cell gets the longest timeout unless one is given.
+  double timeout = num_arg(c.arguments, "timeout", c.task ? kMaxTimeout : kDefaultTimeout);
   if (code.find_first_not_of(" \t\r\n") == std::string::npos) return text_reply("(no code: nothing ran)");
   std::string banner;
   std::optional<Target> t;

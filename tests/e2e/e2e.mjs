@@ -31,6 +31,7 @@ import { KernelManager, ServerConnection, SessionManager } from "@jupyterlab/ser
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO = path.resolve(HERE, "..", "..");
@@ -439,6 +440,49 @@ kc.stop_channels()
     check(/^5\s*$/m.test(r2.text.split("\n")[0]), "the user's variable is visible", r2.text);
     for (const j of jobs1) check(!r2.text.includes(j), `the note about ${j} is not repeated`, r2.text);
     return { connection_file: file, note: clip(r1.text, 400) };
+  },
+
+  /** MCP tasks (2025-11-25) through the SDK's experimental client: a cell run as a task ends
+   *  with its output from tasks/result; tasks/cancel interrupts exactly that cell. */
+  async tasks(conv) {
+    await connectFresh(conv);
+    const caps = conv.client.getServerCapabilities();
+    check(caps?.tasks?.requests?.tools?.call, "the server offers task-augmented tools/call", caps);
+    const listed = await conv.client.listTools();
+    check(listed.tools.find((t) => t.name === "execute")?.execution?.taskSupport === "optional",
+      "execute may run as a task", listed.tools.find((t) => t.name === "execute"));
+    const tasks = conv.client.experimental.tasks;
+    const seen = [];
+    let result = null;
+    for await (const m of tasks.callToolStream({ name: "execute", arguments: { code: "import time\ntime.sleep(1.5)\nprint('task done')" } },
+      undefined, { task: { ttl: 120_000 }, timeout: CALL_TIMEOUT_MS })) {
+      seen.push(m.type);
+      if (m.type === "result") result = m.result;
+      if (m.type === "error") throw new Failure(`the task failed: ${m.error?.message}`);
+    }
+    check(seen[0] === "taskCreated" && result, "a task was created and ended with a result", seen);
+    check(textOf(result).includes("task done"), "tasks/result carries the cell's output", textOf(result));
+
+    // A long cell as a task, cancelled: it is interrupted, and the kernel is free at once.
+    const stream = tasks.callToolStream({ name: "execute", arguments: { code: "import time\ntime.sleep(60)" } },
+      undefined, { task: { ttl: 120_000 }, timeout: CALL_TIMEOUT_MS });
+    const first = await stream.next();
+    check(first.value?.type === "taskCreated", "the long cell became a task", first.value);
+    const taskId = first.value.task.taskId;
+    await sleep(1000);
+    check((await tasks.getTask(taskId)).status === "working", "the task is working");
+    const cancelled = await tasks.cancelTask(taskId);
+    check(cancelled.status === "cancelled", "tasks/cancel answers cancelled", cancelled);
+    const t0 = Date.now();
+    const interrupted = await tasks.getTaskResult(taskId, CallToolResultSchema);  // waits for the call to end
+    check(Date.now() - t0 < 15_000, "the cancelled cell ends within seconds, not its 60 s", Date.now() - t0);
+    check(/interrupt|KeyboardInterrupt/i.test(textOf(interrupted)), "the cancelled task's result says it was interrupted",
+      textOf(interrupted));
+    const r = await conv.ok("execute", { code: "'free'" });
+    check(r.text.includes("'free'"), "the kernel runs the next cell", r.text);
+    check((await tasks.getTask(taskId)).status === "cancelled", "a cancelled task stays cancelled");
+    try { await stream.return(); } catch { /* already over */ }
+    return { seen };
   },
 
   /** A notebook opened with @jupyterlab/services on the agent's kernel: its cell is noted in the

@@ -153,9 +153,10 @@ class TestHandler : public ToolHandler {
     cv_.wait_for(lock, kWait, [&] { return active_ == 0; });
   }
 
-  void add(std::string name, Fn fn, json schema = {{"type", "object"}}) {
+  void add(std::string name, Fn fn, json schema = {{"type", "object"}}, json execution = nullptr) {
     std::lock_guard lock(mutex_);
     schemas_[name] = std::move(schema);
+    if (!execution.is_null()) executions_[name] = std::move(execution);
     tools_[std::move(name)] = std::move(fn);
   }
 
@@ -167,6 +168,7 @@ class TestHandler : public ToolHandler {
       list.push_back({{"name", entry.first},
                       {"description", "test tool " + entry.first},
                       {"inputSchema", schemas_.at(entry.first)}});
+      if (auto e = executions_.find(entry.first); e != executions_.end()) list.back()["execution"] = e->second;
     }
     return list;
   }
@@ -255,6 +257,7 @@ class TestHandler : public ToolHandler {
   std::condition_variable cv_;
   std::map<std::string, Fn> tools_;
   std::map<std::string, json> schemas_;
+  std::map<std::string, json> executions_;
   int active_ = 0;
   int started_ = 0;
   int ended_ = 0;
@@ -472,7 +475,11 @@ TEST(JsonRpcLegacy, InitializeEchoesSupportedVersions) {
     ASSERT_TRUE(r.contains("result")) << r.dump();
     EXPECT_EQ(r["id"], 1);
     EXPECT_EQ(r["result"]["protocolVersion"], v);
-    EXPECT_EQ(r["result"]["capabilities"], json({{"tools", {{"listChanged", false}}}}));
+    json caps = {{"tools", {{"listChanged", false}}}};
+    if (std::string(v) == "2025-11-25")  // the version with MCP tasks
+      caps["tasks"] = {{"list", json::object()}, {"cancel", json::object()},
+                       {"requests", {{"tools", {{"call", json::object()}}}}}};
+    EXPECT_EQ(r["result"]["capabilities"], caps);
     EXPECT_EQ(r["result"]["serverInfo"], server_info());
     EXPECT_EQ(r["result"]["serverInfo"]["name"], "kgate-mcp");
     EXPECT_FALSE(r["result"].contains("instructions"));
@@ -1191,6 +1198,108 @@ TEST(JsonRpcTools, CancellingOneCallLeavesTheOthers) {
 }
 
 // ---- EOF -------------------------------------------------------------------------------
+
+// ---- MCP tasks (2025-11-25) ---------------------------------------------------------------
+
+json task_of(const json& created) { return created["result"]["task"]; }
+
+TEST(JsonRpcTasks, OfferedIn20251125Only) {
+  TestHandler h;
+  {
+    Harness s(h);
+    json r = s.call(1, "initialize", {{"protocolVersion", "2025-11-25"}});
+    EXPECT_EQ(r["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"], json::object()) << r.dump();
+    EXPECT_TRUE(r["result"]["capabilities"]["tasks"].contains("cancel"));
+  }
+  {
+    Harness s(h);
+    json r = s.call(1, "initialize", {{"protocolVersion", "2025-06-18"}});
+    EXPECT_FALSE(r["result"]["capabilities"].contains("tasks")) << r.dump();
+    expect_error(s.call(2, "tasks/list"), rpc_error::kMethodNotFound, "tasks/list");
+  }
+}
+
+TEST(JsonRpcTasks, ATaskKeepsItsResultForTasksResult) {
+  TestHandler h;
+  Gate gate;
+  std::atomic<bool> was_task{false};
+  h.add("slow", [&](Call& c) {
+    was_task = c.task;
+    gate.wait(c, false);
+    return text_reply("done");
+  }, {{"type", "object"}}, {{"taskSupport", "optional"}});
+  h.add("plain", [](Call&) { return text_reply("plain"); });
+  Harness s(h);
+  s.call(1, "initialize", {{"protocolVersion", "2025-11-25"}});
+  json created = s.call(2, "tools/call", {{"name", "slow"}, {"arguments", json::object()}, {"task", {{"ttl", 60000}}}});
+  json t = task_of(created);
+  ASSERT_TRUE(t.is_object()) << created.dump();
+  EXPECT_EQ(t["status"], "working");
+  EXPECT_EQ(t["ttl"], 60000);
+  EXPECT_TRUE(t["createdAt"].is_string() && t["lastUpdatedAt"].is_string() && t["pollInterval"].is_number());
+  const std::string id = t["taskId"];
+  ASSERT_TRUE(h.wait_started(1));
+  EXPECT_TRUE(was_task);
+  EXPECT_EQ(s.call(3, "tasks/get", {{"taskId", id}})["result"]["status"], "working");
+  // tasks/result waits for the end; the session serves other requests meanwhile.
+  s.request("r", "tasks/result", {{"taskId", id}});
+  EXPECT_FALSE(s.has_reply("r", 100ms));
+  s.expect_alive();
+  // The request id of the call is free again: the task is keyed by its own id.
+  s.request(2, "tools/call", {{"name", "plain"}});
+  auto again = s.out().wait_for([](const json& m) { return m.value("id", json()) == 2 && !m.contains("method"); },
+                                kWait, /*n=*/1);
+  ASSERT_TRUE(again.has_value()) << s.dump_output();
+  EXPECT_EQ((*again)["result"]["content"][0]["text"], "plain") << again->dump();
+  gate.open();
+  json r = s.reply("r");
+  EXPECT_EQ(r["result"]["content"][0]["text"], "done") << r.dump();
+  EXPECT_EQ(r["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"], id);
+  EXPECT_EQ(s.call(4, "tasks/get", {{"taskId", id}})["result"]["status"], "completed");
+  // Again, now at once.
+  EXPECT_EQ(s.call(5, "tasks/result", {{"taskId", id}})["result"]["content"][0]["text"], "done");
+  json list = s.call(6, "tasks/list")["result"]["tasks"];
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_EQ(list[0]["taskId"], id);
+  // A tool without execution.taskSupport runs only as a plain call; unknown tasks are named.
+  expect_error(s.call(7, "tools/call", {{"name", "plain"}, {"task", json::object()}}), rpc_error::kMethodNotFound,
+               "does not run as a task");
+  expect_error(s.call(8, "tasks/get", {{"taskId", "nope"}}), rpc_error::kInvalidParams, "no task nope");
+  expect_error(s.call(9, "tasks/result", json::object()), rpc_error::kInvalidParams, "taskId");
+  expect_error(s.call(10, "tasks/cancel", {{"taskId", id}}), rpc_error::kInvalidParams, "has ended (completed)");
+}
+
+TEST(JsonRpcTasks, CancelStopsTheCallAndTheTaskStaysCancelled) {
+  TestHandler h;
+  Gate never;
+  h.add("slow", [&](Call& c) {
+    never.wait(c, /*honour_cancel=*/true);
+    return text_reply("interrupted", /*is_error=*/true);
+  }, {{"type", "object"}}, {{"taskSupport", "optional"}});
+  Harness s(h);
+  s.call(1, "initialize", {{"protocolVersion", "2025-11-25"}});
+  const std::string id = task_of(s.call(2, "tools/call", {{"name", "slow"}, {"task", json::object()}}))["taskId"];
+  ASSERT_TRUE(h.wait_started(1));
+  json c = s.call(3, "tasks/cancel", {{"taskId", id}});
+  EXPECT_EQ(c["result"]["status"], "cancelled") << c.dump();
+  ASSERT_TRUE(h.wait_cancelled(1));
+  json r = s.call(4, "tasks/result", {{"taskId", id}});
+  EXPECT_EQ(r["result"]["content"][0]["text"], "interrupted") << r.dump();
+  EXPECT_EQ(s.call(5, "tasks/get", {{"taskId", id}})["result"]["status"], "cancelled");  // not failed
+  expect_error(s.call(6, "tasks/cancel", {{"taskId", id}}), rpc_error::kInvalidParams, "has ended (cancelled)");
+}
+
+TEST(JsonRpcTasks, AToolErrorMakesAFailedTask) {
+  TestHandler h;
+  h.add("bad", [](Call&) { return text_reply("boom", /*is_error=*/true); }, {{"type", "object"}},
+        {{"taskSupport", "optional"}});
+  Harness s(h);
+  s.call(1, "initialize", {{"protocolVersion", "2025-11-25"}});
+  const std::string id = task_of(s.call(2, "tools/call", {{"name", "bad"}, {"task", json::object()}}))["taskId"];
+  json r = s.call(3, "tasks/result", {{"taskId", id}});
+  EXPECT_TRUE(r["result"]["isError"].get<bool>()) << r.dump();
+  EXPECT_EQ(s.call(4, "tasks/get", {{"taskId", id}})["result"]["status"], "failed");
+}
 
 TEST(JsonRpcEof, EofAtOnceReturnsZero) {
   TestHandler h;

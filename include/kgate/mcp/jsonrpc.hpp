@@ -81,6 +81,9 @@ struct Call {
   std::optional<json> progress_token;    // params._meta.progressToken (a string or an integer)
   // Set when notifications/cancelled names this id, and at stdin EOF. Read it while waiting.
   std::atomic<bool> cancelled{false};
+  // A task-augmented call (MCP tasks, 2025-11-25): its reply is kept for tasks/result instead of
+  // awaited, so the tool may take the time the work needs; tasks/cancel sets `cancelled`.
+  bool task = false;
   std::string protocol_version;          // negotiated (legacy: initialize, or 2025-11-25 before it) or from _meta (modern)
   bool modern = false;
   // Sends notifications/progress {progressToken, progress, total?, message?} if the request had a
