@@ -248,7 +248,8 @@ void respond_job_when_done(Server& server, const std::string& id, std::chrono::m
     if (digest && j->status != JobStatus::running) body["digest"] = digest_json(server, j->kernel);
     r.ok(body);
   };
-  if (!server.waiters().add(wait, [&jobs, id] { return !jobs.is_running(id); }, done))
+  // Answered when the job ends, or when it waits for input (so the agent can answer it).
+  if (!server.waiters().add(wait, [&jobs, id] { return jobs.settled(id); }, done))
     r.error(http::status::service_unavailable, "Too many requests are waiting on jobs; try again");
 }
 
@@ -305,6 +306,13 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
     if (!it->is_boolean()) err = "\"digest\" must be true or false";
     else digest = it->get<bool>();
   }
+  // input() and getpass() in the cell: the record shows what it asks (input_request), and
+  // POST .../jobs/{job}/input answers it. Without it they raise StdinNotImplementedError.
+  bool allow_stdin = false;
+  if (auto it = body.j.find("allow_stdin"); it != body.j.end()) {
+    if (!it->is_boolean()) err = "\"allow_stdin\" must be true or false";
+    else allow_stdin = it->get<bool>();
+  }
   if (!err.empty()) return r.error(http::status::bad_request, err);
   if (!code) return r.error(http::status::bad_request, "\"code\" is required");
   if (!agent || agent->empty())
@@ -322,7 +330,8 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
                    {{"refusal", "dead"}, {"running_job", nullptr}});
   AgentRef a{*agent, label.value_or("")};
   auto out = server.jobs().submit(id, a, std::move(*code), origin,
-                                  [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); });
+                                  [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); },
+                                  allow_stdin);
   if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
   respond_job_when_done(server, out.job, *wait, r, digest);
 }
@@ -581,6 +590,28 @@ void kgate_kernel_get(Call& c) {
   auto k = c.server.manager().get(c.param(0));
   if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
+}
+
+// POST /api/kgate/jobs/{job}/input {"value", "agent"}: the answer to the job's input().
+void job_input(Call& c) {
+  auto r = replier(c.req, std::move(c.respond));
+  auto body = parse_body(c.req);
+  if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
+  std::string err;
+  auto value = string_field(body.j, "value", err, c.server.options().max_body_bytes);
+  auto agent = string_field(body.j, "agent", err);
+  if (!err.empty()) return r.error(http::status::bad_request, err);
+  if (!value) return r.error(http::status::bad_request, "\"value\" (a string) is required");
+  if (!agent || agent->empty()) return r.error(http::status::bad_request, "\"agent\" is required");
+  const std::string job = c.param(0);
+  auto rec = c.server.jobs().job(job);
+  if (!rec) return r.error(http::status::not_found, "No such job '" + job + "'");
+  Server& server = c.server;
+  const std::string kernel = rec->kernel;
+  auto out = server.jobs().answer_input(job, AgentRef{*agent, ""}, *value,
+                                        [&server, &kernel](ClientMessage m) { server.manager().send(kernel, std::move(m)); });
+  if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
+  r.ok({{"answered", job}});
 }
 
 void kgate_execute(Call& c) { post_execute(c.server, c.req, c.param(0), std::move(c.respond)); }

@@ -41,6 +41,7 @@ const std::vector<Route>& routes() {
       {get,        "api/kgate/jobs",                         jobs_list,        records},
       {get,        "api/kgate/jobs/{job}",                   job_get,          records},
       {post,       "api/kgate/jobs/{job}/interrupt",         job_interrupt,    records},
+      {post,       "api/kgate/jobs/{job}/input",             job_input,        records},
       {ws,         "api/kgate/agent",                        agent_socket},
       {get,        "metrics",                                metrics_page},
       {post,       "mcp",                                    mcp_post},

@@ -110,6 +110,7 @@ void kgate_launchers(Call&);       // GET /api/kgate/launchers
 void jobs_list(Call&);             // GET /api/kgate/jobs
 void job_get(Call&);               // GET /api/kgate/jobs/{job}
 void job_interrupt(Call&);         // POST /api/kgate/jobs/{job}/interrupt
+void job_input(Call&);             // POST /api/kgate/jobs/{job}/input: the answer to its input()
 void kgate_kernels_list(Call&);    // GET /api/kgate/kernels
 void kgate_kernel_get(Call&);      // GET /api/kgate/kernels/{kernel_id}
 void kgate_execute(Call&);         // POST /api/kgate/kernels/{kernel_id}/execute

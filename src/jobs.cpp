@@ -243,6 +243,7 @@ std::string_view refusal_name(Refusal r) noexcept {
     case Refusal::no_such_job: return "no_such_job";
     case Refusal::no_such_kernel: return "no_such_kernel";
     case Refusal::no_process: return "no_process";
+    case Refusal::no_input_request: return "no_input_request";
   }
   return "";
 }
@@ -390,6 +391,7 @@ Job* JobStore::running_locked(const std::string& kernel) {
 
 void JobStore::finished_locked(Job& j) {
   running_.erase(j.n);
+  j.input.reset();  // an input() its end left unanswered
   {
     const double d = j.elapsed(j.t_ended);
     auto& h = stats_.duration[static_cast<std::size_t>(j.origin)];
@@ -488,6 +490,27 @@ void JobStore::lose_running_locked(const std::string& kernel, JobStatus status, 
 void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) {
   if (!limits_.enabled) return;
   const auto& m = *msg;
+  if (m.channel == Channel::stdin_ && m.msg_type == "input_request") {
+    // An agent's cell asks for input (it was sent with allow_stdin): the record says so, and
+    // the agent answers through answer_input.
+    {
+      std::lock_guard lk(mu_);
+      Job* j = by_request_locked(m.parent_msg_id);
+      if (!j || !j->running() || j->origin == JobOrigin::user) return;
+      json content = parse_part(m.wire.content);
+      Job::PendingInput in;
+      if (content.is_object()) {
+        if (auto* p = str_field(content, "prompt")) in.prompt = valid_utf8(*p);
+        auto pw = content.find("password");
+        in.password = pw != content.end() && pw->is_boolean() && pw->get<bool>();
+      }
+      in.header = m.wire.header;
+      j->input = std::move(in);
+      changed_locked();
+    }
+    notify();
+    return;
+  }
   if (m.channel == Channel::iopub) {
     const auto& t = m.msg_type;
     if (t != "execute_input" && t != "stream" && t != "execute_result" && t != "error" && t != "status")
@@ -865,7 +888,7 @@ static std::string grace_text(const ClaimView& h) {
 }
 
 Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
-                         JobOrigin origin, const std::function<void(ClientMessage)>& send) {
+                         JobOrigin origin, const std::function<void(ClientMessage)>& send, bool allow_stdin) {
   Outcome out;
   make_valid_utf8(code);  // it is recorded and sent as JSON (from HTTP it is valid already)
   if (!limits_.enabled) {
@@ -921,7 +944,7 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
     json header = make_header("execute_request", session_);
     std::string msg_id = header["msg_id"].get<std::string>();
     json content = {{"code", code},          {"silent", false},         {"store_history", true},
-                    {"user_expressions", json::object()}, {"allow_stdin", false},
+                    {"user_expressions", json::object()}, {"allow_stdin", allow_stdin},
                     {"stop_on_error", false}};
     Job& j = create_locked(kernel, origin, msg_id, code);
     j.agent = valid_utf8(agent.agent);  // an agent's id and label may come from a URL's query
@@ -1078,6 +1101,52 @@ std::optional<Job> JobStore::job(const std::string& id) const {
   auto* j = const_cast<JobStore*>(this)->find_locked(id);
   if (!j) return std::nullopt;
   return *j;
+}
+
+bool JobStore::settled(const std::string& id) const {
+  std::lock_guard lk(mu_);
+  auto* j = const_cast<JobStore*>(this)->find_locked(id);
+  return !j || !j->running() || j->input.has_value();
+}
+
+Outcome JobStore::answer_input(const std::string& id, const AgentRef& agent, const std::string& value,
+                               const std::function<void(ClientMessage)>& send) {
+  Outcome out;
+  out.job = id;
+  {
+    std::lock_guard lk(mu_);
+    Job* j = find_locked(id);
+    if (!j) {
+      out.refusal = Refusal::no_such_job;
+      out.message = "No such job '" + id + "'.";
+      return out;
+    }
+    if (!j->running() || !j->input) {
+      out.refusal = Refusal::no_input_request;
+      out.message = id + " is not waiting for input (" + std::string(status_name(j->status)) + ").";
+      return out;
+    }
+    if (j->agent != agent.agent) {
+      out.refusal = Refusal::not_owner;
+      out.message = id + " is not yours: only the agent that ran it answers its input().";
+      return out;
+    }
+    ClientMessage cm;
+    cm.channel = Channel::stdin_;
+    cm.msg_type = "input_reply";
+    json header = make_header("input_reply", session_);
+    cm.msg_id = header["msg_id"].get<std::string>();
+    cm.route = std::string(kAgentRoute);
+    cm.wire.header = header.dump();
+    cm.wire.parent_header = j->input->header;
+    cm.wire.metadata = "{}";
+    cm.wire.content = json{{"value", value}}.dump();
+    j->input.reset();
+    changed_locked();
+    send(std::move(cm));
+  }
+  notify();
+  return out;
 }
 
 bool JobStore::is_running(const std::string& id) const {
@@ -1594,6 +1663,7 @@ json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now
             {"code_cut", j.code_cut},
             {"note", j.note},
             {"seen_by_agent", j.seen_by_agent}};
+  if (j.input) o["input_request"] = {{"prompt", j.input->prompt}, {"password", j.input->password}};
   if (full) {
     o["output"] = std::string(j.output.text());
     o["output_cut"] = j.output.cut();

@@ -101,6 +101,13 @@ struct Job {
   // What of its output the records on disk hold (a running job is written again as it grows).
   std::size_t logged_total = 0;
   std::chrono::steady_clock::time_point logged_at{};
+  // An input() or getpass() of an agent's cell (allow_stdin) waiting for its answer.
+  struct PendingInput {
+    std::string prompt;
+    bool password = false;
+    std::string header;  // the input_request's header: the input_reply's parent
+  };
+  std::optional<PendingInput> input;
 
   std::string id() const { return "job-" + std::to_string(n); }
   bool running() const { return status == JobStatus::running; }
@@ -117,7 +124,7 @@ struct RestartMark {
 
 // Why an agent-path call was refused.
 enum class Refusal { none, disabled, busy, claimed, not_running, not_begun, not_owner, foreign_job,
-                     no_such_job, no_such_kernel, no_process };
+                     no_such_job, no_such_kernel, no_process, no_input_request };
 std::string_view refusal_name(Refusal r) noexcept;
 
 struct AgentRef {
@@ -208,7 +215,14 @@ class JobStore final : public KernelObserver {
   // it; else records the job, takes the claim and calls `send` with the execute_request, all under
   // the store's lock.
   Outcome submit(const std::string& kernel, const AgentRef& agent, std::string code, JobOrigin origin,
-                 const std::function<void(ClientMessage)>& send);
+                 const std::function<void(ClientMessage)>& send, bool allow_stdin = false);
+  // Answers the input() that `job` (an agent's cell run with allow_stdin) waits on: `send` gets
+  // the input_reply (stdin channel), under the lock. Refused: no such job, it is not running or
+  // asks for nothing, or `agent` is not the job's.
+  Outcome answer_input(const std::string& job, const AgentRef& agent, const std::string& value,
+                       const std::function<void(ClientMessage)>& send);
+  // Whether `job` has ended or waits for input (what a waiting request returns on).
+  bool settled(const std::string& job) const;
   // Stops `job` if it still runs: `interrupt` (SIGINT to the kernel process) is called under the
   // lock the job is ended under.  `agent` null = the person at the machine (may stop anything).
   Outcome interrupt(const std::string& job, const AgentRef* agent, const std::function<bool()>& interrupt);
