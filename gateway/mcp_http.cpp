@@ -146,7 +146,9 @@ void McpHttp::post(Call& c) {
     mcp::Hosting hosting{"kgate /mcp session " + id.substr(0, 8), false, true};
     Entry e;
     e.translator = std::make_shared<mcp::Translator>(self_config(server_), std::move(hosting));
-    e.session = std::make_shared<mcp::McpSession>(*e.translator);
+    mcp::ServerOptions opts;
+    opts.client_requests = false;  // answers are JSON, not an event stream: nothing can carry a request
+    e.session = std::make_shared<mcp::McpSession>(*e.translator, opts);
     sessions_.emplace(id, std::move(e));
     spdlog::info("mcp: session {} opened", id.substr(0, 8));
   } else if (sid.empty()) {

@@ -187,6 +187,7 @@ struct CallState {
   bool dropped = false;    // notifications/cancelled named the call, so its reply is not sent
   std::optional<double> last_progress;
   std::shared_ptr<TaskState> task;  // a task-augmented call: its reply is kept, not sent
+  std::string key;                  // its entry in Shared::in_flight
 };
 
 // One MCP task: a tools/call whose reply is kept for tasks/result (under Shared::tasks_mutex).
@@ -224,6 +225,16 @@ json task_reply(const TaskState& t, const json& id) {
 struct Shared {
   // Once the session is closed nothing more is sent, from any thread (under each call's mutex).
   std::atomic<bool> closed{false};
+
+  // Requests to the client (Call::ask_client) waiting for their response, by id.
+  struct Ask {
+    std::mutex mutex;
+    std::condition_variable answered;
+    std::optional<json> response;
+  };
+  std::mutex asks_mutex;
+  std::map<std::string, std::shared_ptr<Ask>> asks;
+  std::uint64_t next_ask = 0;
 
   std::mutex tasks_mutex;
   std::map<std::string, std::shared_ptr<TaskState>> tasks;  // by id
@@ -324,10 +335,44 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
   }
   {
     std::lock_guard lock(shared->calls_mutex);
-    shared->in_flight.erase(id_key(call.id));
+    shared->in_flight.erase(st->key);
     shared->finished.push_back(seq);
   }
   shared->calls_done.notify_all();
+}
+
+// Sends a request to the client for a call and waits for its answer (see Call::ask_client).
+std::optional<json> ask_client(const std::weak_ptr<CallState>& weak_state, const std::weak_ptr<Shared>& weak_shared,
+                               const std::string& method, const json& params, std::chrono::milliseconds timeout) {
+  auto st = weak_state.lock();
+  auto shared = weak_shared.lock();
+  if (!st || !shared) return std::nullopt;
+  auto ask = std::make_shared<Shared::Ask>();
+  std::string id;
+  {
+    std::lock_guard lock(shared->asks_mutex);
+    id = "kgate-ask-" + std::to_string(++shared->next_ask);
+    shared->asks.emplace(id, ask);
+  }
+  json msg = {{"jsonrpc", "2.0"}, {"id", id}, {"method", method}, {"params", params}};
+  if (st->task) msg["params"]["_meta"][std::string(kMetaRelatedTask)] = {{"taskId", st->task->id}};
+  bool sent = false;
+  {
+    std::lock_guard lock(st->mutex);
+    if (!st->replied && !st->call.cancelled && !shared->closed) sent = st->out(msg);
+  }
+  std::optional<json> response;
+  if (sent) {
+    // Waits in slices, so a cancelled call or a closed session stops waiting at once.
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    std::unique_lock lock(ask->mutex);
+    while (!ask->response && !st->call.cancelled && !shared->closed && std::chrono::steady_clock::now() < until)
+      ask->answered.wait_for(lock, std::chrono::milliseconds(100));
+    response = ask->response;
+  }
+  std::lock_guard lock(shared->asks_mutex);
+  shared->asks.erase(id);
+  return response;
 }
 
 // Sends notifications/progress for a call (see Call::progress).
@@ -393,6 +438,7 @@ struct McpSession::Impl {
   // Under `handling`.
   std::string legacy_version{kLatestLegacyVersion};  // what initialize agreed, for legacy requests
   bool initialized = false;
+  json client_caps = json::object();  // initialize's capabilities
   std::uint64_t next_seq = 0;
 };
 
@@ -431,8 +477,19 @@ void McpSession::Impl::handle_message(const json& msg) {
   const auto method_it = msg.find("method");
   if (method_it == msg.end()) {
     if (msg.contains("result") || msg.contains("error")) {
-      // A response, but this server never sends requests.
-      log().debug("a response to no request of ours (id {}), ignored", has_id ? id_it->dump() : "none");
+      // The answer to a request of ours (Call::ask_client), or to none: ignored then.
+      std::shared_ptr<Shared::Ask> ask;
+      if (has_id && id_it->is_string()) {
+        std::lock_guard lock(shared->asks_mutex);
+        if (auto it = shared->asks.find(id_it->get<std::string>()); it != shared->asks.end()) ask = it->second;
+      }
+      if (!ask) {
+        log().debug("a response to no request of ours (id {}), ignored", has_id ? id_it->dump() : "none");
+        return;
+      }
+      std::lock_guard lock(ask->mutex);
+      ask->response = msg;
+      ask->answered.notify_all();
       return;
     }
     send(make_error(id, rpc_error::kInvalidRequest, "Invalid Request: no \"method\""));
@@ -567,6 +624,7 @@ void McpSession::Impl::initialize(const json& id, const json& params) {
   }
   legacy_version = is_legacy_version(requested) ? requested : std::string(kLatestLegacyVersion);
   initialized = true;
+  if (const auto caps = params.find("capabilities"); caps != params.end() && caps->is_object()) client_caps = *caps;
   std::string client = "an unnamed client";
   if (const auto info = params.find("clientInfo"); info != params.end() && info->is_object()) {
     auto field = [&](const char* key) {
@@ -686,6 +744,17 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   st->task = task;
   Call& call = st->call;
   call.task = task != nullptr;
+  call.client_capabilities = client_caps;
+  if (era.modern) {
+    const auto meta = params.find("_meta");
+    call.client_capabilities = meta->value(std::string(kMetaCapabilities), json::object());
+  } else if (opts.client_requests) {
+    call.ask_client = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
+                          const std::string& method, const json& ask_params,
+                          std::chrono::milliseconds timeout) -> std::optional<json> {
+      return ask_client(weak_state, weak_shared, method, ask_params, timeout);
+    };
+  }
   call.id = id;
   call.tool = tool;
   call.arguments = std::move(arguments);
@@ -700,6 +769,7 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   reap();
   // A task's call is keyed by its task: the request's id is free again once it is answered.
   const std::string key = task ? "task:" + task->id : id_key(id);
+  st->key = key;
   if (task) {
     std::lock_guard lock(shared->tasks_mutex);
     if (shared->task_order.size() >= kMaxTasks) {

@@ -558,8 +558,11 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     if (direct) *direct = got.outputs;
     return json{{"status", still_running ? "running" : got.reply.value("status", "ok")}};
   }
+  // input() in an agent's cell: asked of the user through the client (MCP elicitation), when
+  // the client can be asked; else the cell's input() raises, and the reply says why.
+  const bool can_ask = call && !host && call->ask_client && call->client_capabilities.contains("elicitation");
   json body = {{"code", code}, {"agent", agent_}, {"label", label()}, {"wait", std::min(timeout, kSlice)},
-               {"origin", host ? "host" : "mcp"}, {"digest", true}};
+               {"origin", host ? "host" : "mcp"}, {"digest", true}, {"allow_stdin", can_ask}};
   auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
   json rec = r.json_body();
   if (r.status != 200) {
@@ -581,10 +584,21 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     std::lock_guard lk(calls_mu_);
     call_jobs_[call] = job;
   }
+  std::string input_notes;
+  bool gave_up = false;
   while (running(rec)) {
     double left = timeout - elapsed();
     if (left <= 0) break;
     if (call && call->cancelled) break;
+    if (can_ask && !gave_up && rec.contains("input_request") && rec["input_request"].is_object()) {
+      std::string note = answer_input(t, job, rec["input_request"], *call, left);
+      // A note means the cell was interrupted: its input_request stays until the interrupt
+      // lands, and is not asked again.
+      if (!note.empty()) {
+        gave_up = true;
+        input_notes += (input_notes.empty() ? "" : "\n") + note;
+      }
+    }
     if (call && call->progress) call->progress(elapsed(), timeout, job + " running");
     auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
     if (p.status != 200) break;
@@ -603,7 +617,52 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     }
   }
   still_running = running(rec);
+  if (!input_notes.empty() && rec.is_object()) rec["kgate_mcp_input_note"] = input_notes;
   return rec;
+}
+
+std::string Translator::answer_input(const Target& t, const std::string& job, const json& request, Call& c,
+                                     double left) {
+  const std::string prompt = request.value("prompt", "");
+  auto stop = [&](const std::string& why) {
+    t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
+    spdlog::info("{}: its input() was not answered, so it was interrupted", job);
+    return why;
+  };
+  if (request.value("password", false))
+    return stop("NOTE: the cell's getpass() was not answered and the cell was interrupted: MCP does not allow "
+                "asking the user for secrets. Have the code read them from the environment (os.environ) instead.");
+  const std::string title = prompt.empty() ? std::string("input") : prompt.substr(0, 200);
+  json params = {{"message", "The running cell asks for input" + (prompt.empty() ? std::string(".") : ": " + prompt)},
+                 {"requestedSchema",
+                  {{"type", "object"},
+                   {"properties", {{"value", {{"type", "string"}, {"title", title},
+                                              {"description", "What input() returns to the cell"}}}}},
+                   {"required", json::array({"value"})}}}};
+  auto resp = c.ask_client("elicitation/create", params,
+                           std::chrono::milliseconds(static_cast<long long>(std::max(1.0, left) * 1000)));
+  if (!resp) {
+    if (c.cancelled) return stop("");
+    return stop("NOTE: the cell's input() got no answer within the call's timeout, so the cell was interrupted.");
+  }
+  if (resp->contains("error"))
+    return stop("NOTE: asking the user for the cell's input() failed (" +
+                (*resp)["error"].value("message", std::string("an error")) + "), so the cell was interrupted.");
+  const json& result = (*resp)["result"];
+  const std::string action = result.is_object() ? result.value("action", "") : "";
+  if (action == "accept") {
+    const json content = result.value("content", json::object());
+    auto v = content.find("value");
+    std::string value = v != content.end() && v->is_string() ? v->get<std::string>()
+                        : v != content.end() && !v->is_null() ? v->dump()
+                                                              : "";
+    auto r = t.http->post("api/kgate/jobs/" + job + "/input", json{{"value", value}, {"agent", agent_}}, 30s);
+    if (r.status == 200) return "";
+    return stop("NOTE: the user's answer to input() could not be given to the cell (" + r.message() +
+                "), so the cell was interrupted.");
+  }
+  return stop(std::string("NOTE: the user ") + (action == "decline" ? "declined" : "cancelled") +
+              " the cell's input() prompt, so the cell was interrupted.");
 }
 
 std::string Translator::foreign_note(const Target& t, std::vector<std::string>& to_ack, const json& rec) {
@@ -940,6 +999,12 @@ ToolReply Translator::execute(Call& c) {
     if (content.empty() || content_text(content).empty()) append_text(content, "(no output)");
     if (!banner.empty()) content.insert(content.begin(), text_block(banner));
   }
+  if (rec.is_object() && rec.contains("kgate_mcp_input_note"))
+    append_text(content, "\n" + rec["kgate_mcp_input_note"].get<std::string>());
+  else if (rec.is_object() && rec["error"].is_object() && rec["error"].value("ename", "") == "StdinNotImplementedError")
+    append_text(content, std::string("\nNOTE: input() needs a client that can ask the user (MCP elicitation); ") +
+                             (c.ask_client ? "this one did not declare it." : "this connection cannot carry the question.") +
+                             " Pass the value in the code instead.");
   std::string note = foreign_note(*t, to_ack, rec);
   // Our own running job is never in the digest; repeats of a user's running cell are fine.
   append_text(content, note);

@@ -31,7 +31,7 @@ import { KernelManager, ServerConnection, SessionManager } from "@jupyterlab/ser
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const REPO = path.resolve(HERE, "..", "..");
@@ -137,7 +137,7 @@ async function gatewayGet(urlPath) {
 // ---------------------------------------------------------------------------------------------
 
 class Conversation {
-  constructor(name, { xdg } = {}) {
+  constructor(name, { xdg, elicitation } = {}) {
     this.name = name;
     this.calls = []; // [{tool, args, ms, isError, text}] for the report
     this.kernels = new Set();
@@ -160,7 +160,17 @@ class Conversation {
       });
       this.transport.stderr.on("data", (d) => { this.stderr += d; });
     }
-    this.client = new Client({ name: "kgate-e2e", version: "0.0.0" }, { capabilities: {} });
+    this.client = new Client({ name: "kgate-e2e", version: "0.0.0" },
+      { capabilities: elicitation ? { elicitation: {} } : {} });
+    // With elicitation: each elicitation/create takes the next of `answers` (the test fills it).
+    this.elicited = [];
+    this.answers = [];
+    if (elicitation) {
+      this.client.setRequestHandler(ElicitRequestSchema, async (req) => {
+        this.elicited.push(req.params);
+        return this.answers.shift() || { action: "cancel" };
+      });
+    }
     this.client.onerror = (err) => { this.protocolErrors.push(String(err && err.message || err)); };
   }
 
@@ -440,6 +450,41 @@ kc.stop_channels()
     check(/^5\s*$/m.test(r2.text.split("\n")[0]), "the user's variable is visible", r2.text);
     for (const j of jobs1) check(!r2.text.includes(j), `the note about ${j} is not repeated`, r2.text);
     return { connection_file: file, note: clip(r1.text, 400) };
+  },
+
+  /** input() in a cell, asked of the user through MCP elicitation: answered, declined, and a
+   *  getpass() that is never asked (MCP forbids eliciting secrets). */
+  async input(conv) {
+    await connectFresh(conv);
+    conv.answers.push({ action: "accept", content: { value: "ada" } });
+    const r = await conv.ok("execute", { code: "name = input('Your name? ')\nprint('hi', name)" });
+    check(r.text.includes("hi ada"), "the cell got the user's answer", r.text);
+    check(conv.elicited.length === 1 && conv.elicited[0].message.includes("Your name?"),
+      "the user was asked the cell's prompt", conv.elicited);
+    check(conv.elicited[0].requestedSchema?.properties?.value?.type === "string", "a string is asked for",
+      conv.elicited[0]);
+
+    conv.answers.push({ action: "decline" });
+    const d = await conv.call("execute", { code: "input('Again? ')" });
+    check(d.result.isError && /declined/.test(d.text) && /interrupted/i.test(d.text),
+      "a declined prompt interrupts the cell and says so", d.text);
+
+    const p = await conv.call("execute", { code: "import getpass\ngetpass.getpass('Password: ')" });
+    check(conv.elicited.length === 2, "getpass() is never asked of the user", conv.elicited);
+    check(/secrets/.test(p.text) && /environment/.test(p.text), "the reply says why getpass() got no answer", p.text);
+
+    const after = await conv.ok("execute", { code: "name" });
+    check(after.text.includes("'ada'"), "the kernel goes on after all that", after.text);
+    return { asked: conv.elicited.length };
+  },
+
+  /** Without elicitation, input() raises, and the reply says why. */
+  async input_unsupported(conv) {
+    await connectFresh(conv);
+    const r = await conv.call("execute", { code: "input('x? ')" });
+    check(r.result.isError && r.text.includes("StdinNotImplementedError"), "input() raises", r.text);
+    check(/elicitation/.test(r.text), "the reply names what is missing", r.text);
+    return {};
   },
 
   /** MCP tasks (2025-11-25) through the SDK's experimental client: a cell run as a task ends
@@ -748,7 +793,7 @@ async function runScenario(name) {
       fs.writeFileSync(path.join(xdg, "kgate", file), text);
     }
   }
-  const conv = new Conversation(name, { xdg });
+  const conv = new Conversation(name, { xdg, elicitation: name === "input" });
   const report = { scenario: name, ok: false };
   try {
     await conv.open();

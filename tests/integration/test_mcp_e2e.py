@@ -24,7 +24,7 @@ E2E_SCRIPT = E2E_DIR / "e2e.mjs"
 TOKEN = "kgate-e2e-token-9f3c1d"
 SCENARIOS = ["connect", "matplotlib", "error", "long", "cancel", "foreign", "inspectors",
              "inspectors_broken", "display_outputs", "inline_images", "notebook_session",
-             "notebook_lifecycle", "tasks"]
+             "notebook_lifecycle", "tasks", "input", "input_unsupported"]
 SCENARIO_TIMEOUT = 170  # seconds; the suite's per-test limit is 180
 
 STARTUP_PY = '''\
@@ -69,7 +69,7 @@ def kgate_token(kgate_bin, tmp_path_factory):
 # Over kgate's own /mcp (Streamable HTTP): the scenarios that need no kgate-mcp config of their
 # own (the inspectors' come from the conversation's config dir, which /mcp does not have).
 HTTP_SCENARIOS = ["connect", "matplotlib", "error", "long", "cancel", "foreign", "display_outputs",
-                  "inline_images", "notebook_session", "tasks"]
+                  "inline_images", "notebook_session", "tasks", "input_unsupported"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

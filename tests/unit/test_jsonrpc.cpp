@@ -1289,6 +1289,21 @@ TEST(JsonRpcTasks, CancelStopsTheCallAndTheTaskStaysCancelled) {
   expect_error(s.call(6, "tasks/cancel", {{"taskId", id}}), rpc_error::kInvalidParams, "has ended (cancelled)");
 }
 
+TEST(JsonRpcTasks, AnEndedTaskFreesItsCallSlot) {
+  // More tasks, one after another, than calls may be in flight at once (16): each frees its slot.
+  TestHandler h;
+  h.add("quick", [](Call&) { return text_reply("ok"); }, {{"type", "object"}}, {{"taskSupport", "optional"}});
+  Harness s(h);
+  s.call(1, "initialize", {{"protocolVersion", "2025-11-25"}});
+  for (int i = 0; i < 24; ++i) {
+    json created = s.call(100 + i, "tools/call", {{"name", "quick"}, {"task", json::object()}});
+    ASSERT_TRUE(created.contains("result")) << "task " << i << ": " << created.dump();
+    json r = s.call(200 + i, "tasks/result", {{"taskId", task_of(created)["taskId"]}});
+    ASSERT_EQ(r["result"]["content"][0]["text"], "ok") << r.dump();
+  }
+  EXPECT_EQ(s.call(2, "tasks/list")["result"]["tasks"].size(), 24u);
+}
+
 TEST(JsonRpcTasks, AToolErrorMakesAFailedTask) {
   TestHandler h;
   h.add("bad", [](Call&) { return text_reply("boom", /*is_error=*/true); }, {{"type", "object"}},

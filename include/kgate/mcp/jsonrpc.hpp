@@ -84,6 +84,16 @@ struct Call {
   // A task-augmented call (MCP tasks, 2025-11-25): its reply is kept for tasks/result instead of
   // awaited, so the tool may take the time the work needs; tasks/cancel sets `cancelled`.
   bool task = false;
+  // What the client declared it can do (initialize's capabilities, or a modern request's
+  // _meta clientCapabilities): "elicitation", "roots", ...
+  json client_capabilities = json::object();
+  // Asks the client (a JSON-RPC request from the server, e.g. elicitation/create) and waits up
+  // to `timeout` for its answer: the response message (with "result" or "error"), or nullopt
+  // (no answer in time, the call cancelled, the session closed). Null when the transport cannot
+  // carry requests to the client (kgate's /mcp answers in JSON), or in the modern era, which
+  // has no server-to-client requests.
+  std::function<std::optional<json>(const std::string& method, const json& params, std::chrono::milliseconds timeout)>
+      ask_client;
   std::string protocol_version;          // negotiated (legacy: initialize, or 2025-11-25 before it) or from _meta (modern)
   bool modern = false;
   // Sends notifications/progress {progressToken, progress, total?, message?} if the request had a
@@ -148,6 +158,9 @@ struct ServerOptions {
   std::chrono::milliseconds eof_grace{2000};
   // The "instructions" of the initialize and server/discover results; left out when empty.
   std::string instructions;
+  // Whether the transport carries requests to the client (Call::ask_client): stdio does; an
+  // HTTP transport that answers each POST with JSON does not.
+  bool client_requests = true;
 };
 
 // Where a session's messages go: one JSON-RPC message each. Returns false when it could not be

@@ -92,6 +92,10 @@ class Translator final : public ToolHandler {
   // `direct` gets the outputs on a stock server (which keeps no records).
   json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                 std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct);
+  // The cell of `job` asks for input (`request`: its record's input_request): asks the user
+  // through the client (elicitation) and answers it, or interrupts the cell. Returns a note for
+  // the reply ("" when answered).
+  std::string answer_input(const Target& t, const std::string& job, const json& request, Call& c, double left);
   // After an interrupt: waits up to `bound` for `job` to end; its record, or null if unreadable.
   json wait_ended(const Target& t, const std::string& job, std::chrono::milliseconds bound, Call& c);
   // The note on cells the agent did not run, from `rec`'s embedded digest when it is the
