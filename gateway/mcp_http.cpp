@@ -152,8 +152,13 @@ void McpHttp::post(Call& c) {
     sessions_.emplace(id, std::move(e));
     spdlog::info("mcp: session {} opened", id.substr(0, 8));
   } else if (sid.empty()) {
+    // The stateless era (2026-07-28): a request that names its version in _meta needs no session.
+    const bool modern = msg.is_object() && msg["params"].is_object() && msg["params"]["_meta"].is_object() &&
+                        msg["params"]["_meta"].value("io.modelcontextprotocol/protocolVersion", "") == "2026-07-28";
+    if (modern || (!request && req["MCP-Protocol-Version"] == "2026-07-28")) return stateless(c, msg, request);
     return refuse(http::status::bad_request, kServerError,
-                  "Bad Request: no Mcp-Session-Id; a session starts with initialize");
+                  "Bad Request: no Mcp-Session-Id; a session starts with initialize (or send 2026-07-28 requests, "
+                  "with the version in params._meta, which need none)");
   }
   auto it = sessions_.find(id);
   if (it == sessions_.end())
@@ -187,6 +192,45 @@ void McpHttp::post(Call& c) {
   e.session->handle(req.body(), sink);
   if (!request) p->answer(http::status::accepted);
   else if (e.session->closed()) p->answer(http::status::not_found, rpc_error(p->id, kSessionNotFound, "Session not found"));
+}
+
+void McpHttp::stateless(Call& c, const json& msg, bool request) {
+  const unsigned version = c.req.version();
+  const bool keep_alive = c.req.keep_alive();
+  auto p = std::make_shared<Pending>(server_.ioc(), std::move(c.respond), version, keep_alive,
+                                     request ? msg["id"] : json());
+  if (!request) return p->answer(http::status::accepted);  // a notification: nothing to keep
+  // A translator and a session for this request alone, ended once it is answered: the client
+  // names every kernel it acts on (mcp::Hosting::stateless).
+  mcp::Hosting hosting{"kgate /mcp, stateless", false, true, true};
+  auto translator = std::make_shared<mcp::Translator>(self_config(server_), std::move(hosting));
+  mcp::ServerOptions opts;
+  opts.client_requests = false;
+  auto session = std::make_shared<mcp::McpSession>(*translator, opts);
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  auto end = [translator, session, finished] {
+    if (finished->exchange(true)) return;
+    std::thread([translator, session] {
+      session->close();
+      if (session->in_flight() > 0) {  // as in end(): a call past the grace keeps its translator
+        static std::mutex mu;
+        static std::vector<std::shared_ptr<mcp::Translator>> kept;
+        std::lock_guard lk(mu);
+        kept.push_back(translator);
+      }
+    }).detach();
+  };
+  mcp::Sink sink = [p, end](const json& m) {
+    if (m.is_null()) {
+      p->answer(http::status::accepted);
+      end();
+    } else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error"))) {
+      p->answer(http::status::ok, m);
+      end();
+    }
+    return true;
+  };
+  session->handle(c.req.body(), sink);
 }
 
 void McpHttp::del(Call& c) {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kgate/wire.hpp"
 #include "net.hpp"
 
 namespace kgate::mcp {
@@ -62,6 +63,8 @@ class McpHttp {
   };
 
   void reap();
+  // A 2026-07-28 request without a session: served by a session of its own, ended once answered.
+  void stateless(Call& c, const json& msg, bool request);
   void end(const std::string& id, const std::string& why);
 
   Server& server_;

@@ -478,7 +478,10 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
   std::optional<Current> cur = current();
   if (prefix.empty()) {
     if (!cur) {
-      error = "no current kernel: call connect (or execute, which makes one), or pass a kernel id from list_kernels";
+      error = hosting_.stateless
+                  ? "pass kernel: this MCP server keeps nothing between requests (MCP 2026-07-28, stateless); "
+                    "connect names a kernel id, list_kernels lists them"
+                  : "no current kernel: call connect (or execute, which makes one), or pass a kernel id from list_kernels";
       return std::nullopt;
     }
     return Target{*cur, client(cur->ep)};
@@ -951,6 +954,11 @@ ToolReply Translator::execute(Call& c) {
       std::lock_guard lk(mu_);
       have = current_.has_value();
     }
+    if (!have && str_arg(c.arguments, "kernel").empty() && hosting_.stateless)
+      return text_reply("Pass kernel: this MCP server keeps nothing between requests (MCP 2026-07-28, stateless). "
+                        "connect makes a kernel and names its id; give that id as kernel to execute and the "
+                        "other tools. list_kernels lists them.",
+                        true);
     if (!have && str_arg(c.arguments, "kernel").empty()) {
       Endpoint ep;
       if (!resolve("", ep, error)) return text_reply(error, true);

@@ -148,3 +148,46 @@ def test_concurrent_sessions_never_cross_replies(kgate_factory):
     for sid in sids:
         kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})
     assert wait_until(lambda: kg.rest("GET", "/api/kernels")[2] == [], 60), kg.rest("GET", "/api/kernels")
+
+
+def test_stateless_2026_07_28_requests_need_no_session(kgate_factory):
+    """The 2026-07-28 era over HTTP: no initialize and no Mcp-Session-Id; each request stands
+    alone, so the kernel is named in every call."""
+    kg = kgate_factory(token=TOKEN)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}
+
+    def modern(rid, method, params=None):
+        p = dict(params or {})
+        p["_meta"] = meta
+        status, hdrs, body = post(kg, {"jsonrpc": "2.0", "id": rid, "method": method, "params": p},
+                                  headers={"MCP-Protocol-Version": "2026-07-28"})
+        assert status == 200 and "Mcp-Session-Id" not in hdrs, (status, body)
+        return body
+
+    d = modern(1, "server/discover")
+    assert "2026-07-28" in d["result"]["supportedVersions"] and d["result"]["resultType"] == "complete", d
+    tools = modern(2, "tools/list")["result"]
+    assert tools["resultType"] == "complete" and "ttlMs" in tools and tools["tools"][1]["name"] == "execute", tools
+
+    def tool(rid, name, args):
+        r = modern(rid, "tools/call", {"name": name, "arguments": args})["result"]
+        return "\n".join(b["text"] for b in r["content"] if b["type"] == "text"), r
+
+    text, r = tool(3, "execute", {"code": "1+1"})
+    assert r["isError"] and "Pass kernel" in text, text
+    text, r = tool(4, "connect", {})
+    assert not r["isError"], text
+    kid = text.split("created kernel ")[1].split()[0]
+    text, r = tool(5, "execute", {"code": "y = 40 + 2", "kernel": kid})
+    assert not r["isError"], text
+    text, r = tool(6, "execute", {"code": "y", "kernel": kid})
+    assert text.strip().endswith("42"), text
+    # The kernel outlives the requests (connect's kernels are never stopped implicitly), and no
+    # claim is left: each request's agent ends with it.
+    status, _, info = kg.rest("GET", f"/api/kgate/kernels/{kid}")
+    assert status == 200, info
+    assert wait_until(lambda: not (kg.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("claim") or {}).get("alive"), 15), \
+        kg.rest("GET", f"/api/kgate/kernels/{kid}")[2]
+    kg.rest("DELETE", f"/api/kernels/{kid}")

@@ -29,6 +29,10 @@ struct Hosting {
   // kgate's /mcp: only the kgate that serves it. A gateways.toml name or a URL is refused: the
   // client holds this kgate's token, not the tokens gateways.toml holds for the others.
   bool this_gateway_only = false;
+  // kgate's /mcp in the stateless 2026-07-28 era: one translator per request, so nothing spans
+  // requests but what the client names. A kernel tool without `kernel` is refused (there is no
+  // current kernel to fall back on, and no auto kernel: nothing would stop it).
+  bool stateless = false;
   // The stdio process's: "kgate-mcp pid N", sending its environment, any gateway.
   static Hosting stdio_process();
 };
