@@ -233,6 +233,16 @@ def part_starts(R, mcp_bin, env, cwd, logdir, live):
         % (statistics.median(S["ms"]), max(S["ms"]), len(S["ms"])))
 
 
+def delete_new_kernels(kg, before, who):
+    """connect's kernel is never stopped implicitly: delete every kernel not in `before`."""
+    try:
+        for k in kg.rest("GET", "/api/kernels", timeout=10):
+            if k["id"] not in before:
+                kg.rest("DELETE", "/api/kernels/" + k["id"], timeout=30)
+    except Exception as e:
+        log("deleting %s's kernel failed: %s" % (who, e))
+
+
 def mcp_run(rep, mcp_bin, env, cwd, logdir, kg, live):
     """One kgate-mcp: initialize, connect, WARMUP + N executes of 1+1."""
     r = {"rep": rep}
@@ -283,12 +293,7 @@ def mcp_run(rep, mcp_bin, env, cwd, logdir, kg, live):
     finally:
         c.kill()
         live.remove(c)
-        try:  # connect's kernel is never stopped implicitly: delete it
-            for k in kg.rest("GET", "/api/kernels", timeout=10):
-                if k["id"] not in before:
-                    kg.rest("DELETE", "/api/kernels/" + k["id"], timeout=30)
-        except Exception as e:
-            log("deleting the MCP run's kernel failed: %s" % e)
+        delete_new_kernels(kg, before, "the MCP run")
     return r
 
 
@@ -362,12 +367,7 @@ def mcp_http_run(kg):
         conn.getresponse().read()
     finally:
         conn.close()
-        try:  # connect's kernel is never stopped implicitly: delete it
-            for k in kg.rest("GET", "/api/kernels", timeout=10):
-                if k["id"] not in before:
-                    kg.rest("DELETE", "/api/kernels/" + k["id"], timeout=30)
-        except Exception as e:
-            log("deleting the /mcp run's kernel failed: %s" % e)
+        delete_new_kernels(kg, before, "the /mcp run")
     return {"median_us": round(statistics.median(lat) * 1e6), "p90_us": round(pct(lat, 0.9) * 1e6),
             "min_us": round(min(lat) * 1e6), "max_us": round(max(lat) * 1e6), "kgate_cpu_s": round(cpu, 3)}
 
