@@ -778,7 +778,6 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   ++k.epoch;  // cancels the readiness resend timer
   k.attempts = 0;
   k.stall_relaunched = false;  // a later restart may relaunch once too
-  k.kernel->set_state("idle");
   if (!k.adopted) k.kernel->touch();  // a re-adopted kernel's clock goes on (adopt())
   if (!k.adopted) ++(was_restart ? restarts : started);
   spdlog::info("kernel {}: {}", k.kernel->id(),
@@ -805,6 +804,9 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
       });
     }
   }
+  // Set once: a re-adopted kernel whose shell is held goes from starting straight to busy,
+  // never through an idle that a client could read in between (test_readopt_records saw it).
+  if (!k.hold_shell) k.kernel->set_state("idle");
   k.adopted = false;
   save_entry(k);
   auto held = std::move(k.held);
