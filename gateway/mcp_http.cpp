@@ -62,6 +62,16 @@ mcp::Config self_config(const Server& server) {
   return cfg;
 }
 
+// After McpSession::close: a call that outlived the close grace still runs on its thread and uses
+// the translator, which is then never freed, as kgate-mcp never frees its own (it leaves with _Exit).
+void keep_if_in_use(const mcp::McpSession& session, std::shared_ptr<mcp::Translator> translator) {
+  if (session.in_flight() == 0) return;
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<mcp::Translator>> kept;
+  std::lock_guard lk(mu);
+  kept.push_back(std::move(translator));
+}
+
 bool accepts_json(std::string_view accept) {
   if (accept.empty()) return true;
   for (std::string_view t : {"application/json", "application/*", "*/*"})
@@ -212,12 +222,7 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
     if (finished->exchange(true)) return;
     std::thread([translator, session] {
       session->close();
-      if (session->in_flight() > 0) {  // as in end(): a call past the grace keeps its translator
-        static std::mutex mu;
-        static std::vector<std::shared_ptr<mcp::Translator>> kept;
-        std::lock_guard lk(mu);
-        kept.push_back(translator);
-      }
+      keep_if_in_use(*session, translator);
     }).detach();
   };
   mcp::Sink sink = [p, end](const json& m) {
@@ -262,14 +267,7 @@ void McpHttp::end(const std::string& id, const std::string& why) {
         json body = rpc_error(p->id, kServerError, "the MCP session ended (" + why + ") before this request's reply");
         p->answer(http::status::not_found, body);
       }
-    if (e.session->in_flight() > 0) {
-      // A call outlived the grace: its thread still uses the translator. Never freed, as in
-      // kgate-mcp (which leaves with _Exit).
-      static std::mutex mu;
-      static std::vector<std::shared_ptr<mcp::Translator>> kept;
-      std::lock_guard lk(mu);
-      kept.push_back(e.translator);
-    }
+    keep_if_in_use(*e.session, e.translator);
   }).detach();
 }
 
