@@ -711,6 +711,22 @@ std::optional<Response> check_request(const Server& server, const Request& req, 
   return std::nullopt;
 }
 
+Request Replier::shape() const {
+  Request r;
+  r.version(version);
+  r.keep_alive(keep_alive);
+  return r;
+}
+void Replier::ok(const json& body, http::status st) const { respond(json_response(shape(), st, dump_json(body))); }
+void Replier::error(http::status st, const std::string& msg, json extra) const {
+  json j = {{"message", msg}, {"reason", std::string(http::obsolete_reason(st))}};
+  for (auto& [k, v] : extra.items()) j[k] = v;
+  respond(json_response(shape(), st, dump_json(j)));
+}
+Replier replier(const Request& req, Respond respond) {
+  return Replier{req.version(), req.keep_alive(), std::move(respond)};
+}
+
 void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond) {
   Request req{http::verb::post, "/api/kernels", version};
   req.body() = body.dump();

@@ -73,6 +73,19 @@ void handle_api(Server& server, Request& req, const RequestContext& ctx, Respond
 // env policy of a loopback client applies); `respond` gets that POST's answer (201, 202 or an
 // error).  The sessions API starts its kernels with it.
 void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond);
+// What a request's answer needs once the handler has returned (a wait, a kernel start): its
+// HTTP version and keep-alive, and where to send it. Errors in jupyter_server's shape, with
+// `extra` fields beside message and reason.
+struct Replier {
+  unsigned version;
+  bool keep_alive;
+  Respond respond;
+  Request shape() const;
+  void ok(const json& body, http::status st = http::status::ok) const;
+  void error(http::status st, const std::string& msg, json extra = json::object()) const;
+};
+Replier replier(const Request& req, Respond respond);
+
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);
 // DELETE / interrupt / restart of a kernel; replies like jupyter_server.  `gated`: the caller

@@ -70,27 +70,6 @@ constexpr std::size_t kMaxIdBytes = 256;
 constexpr std::size_t kListCodeChars = 240;
 
 // Builds the deferred response of a request once it has gone (version and keep-alive kept).
-struct Replier {
-  unsigned version;
-  bool keep_alive;
-  Respond respond;
-  Request shape() const {
-    Request r;
-    r.version(version);
-    r.keep_alive(keep_alive);
-    return r;
-  }
-  void ok(const json& body) const { respond(json_response(shape(), http::status::ok, dump_json(body))); }
-  void error(http::status st, const std::string& msg, json extra = json::object()) const {
-    json j = {{"message", msg}, {"reason", std::string(http::obsolete_reason(st))}};
-    for (auto& [k, v] : extra.items()) j[k] = v;
-    respond(json_response(shape(), st, dump_json(j)));
-  }
-};
-
-Replier replier(const Request& req, Respond respond) {
-  return Replier{req.version(), req.keep_alive(), std::move(respond)};
-}
 
 struct Body {
   json j = json::object();

@@ -13,24 +13,6 @@ namespace kgate::gw {
 
 namespace {
 
-// What a request's version and keep-alive are, for answers given after the handler returned.
-struct Reply {
-  unsigned version;
-  bool keep_alive;
-  Respond respond;
-
-  Request fake() const {
-    Request r;
-    r.version(version);
-    r.keep_alive(keep_alive);
-    return r;
-  }
-  void error(http::status st, const std::string& message) const { respond(json_error(fake(), st, message)); }
-  void json_body(http::status st, const json& body) const { respond(json_response(fake(), st, dump_json(body))); }
-};
-
-Reply reply_of(Call& c) { return Reply{c.req.version(), c.req.keep_alive(), std::move(c.respond)}; }
-
 bool kernel_alive(Server& server, const std::string& id) { return server.manager().get(id) != nullptr; }
 
 void prune(Server& server) {
@@ -46,7 +28,7 @@ json session_json(Server& server, const Session& s) {
 }
 
 // The request's JSON object, or the 400 to send ("No JSON data provided", as jupyter_server).
-std::optional<json> body_object(const Request& req, const Reply& r) {
+std::optional<json> body_object(const Request& req, const Replier& r) {
   if (req.body().empty()) {
     r.error(http::status::bad_request, "No JSON data provided");
     return std::nullopt;
@@ -146,7 +128,7 @@ void sessions_list(Call& c) {
 
 void session_create(Call& c) {
   Server& server = c.server;
-  Reply r = reply_of(c);
+  Replier r = replier(c.req, std::move(c.respond));
   auto body = body_object(c.req, r);
   if (!body) return;
   std::string error;
@@ -163,7 +145,7 @@ void session_create(Call& c) {
 
   const std::string base = server.options().base_url;
   auto created = [&server, r, base](const Session& s) {
-    Response res = json_response(r.fake(), http::status::created, dump_json(session_json(server, s)));
+    Response res = json_response(r.shape(), http::status::created, dump_json(session_json(server, s)));
     res.set(http::field::location, base + "api/sessions/" + s.id);
     r.respond(std::move(res));
   };
@@ -212,7 +194,7 @@ void session_get(Call& c) {
 void session_patch(Call& c) {
   Server& server = c.server;
   const std::string id = c.param(0);
-  Reply r = reply_of(c);
+  Replier r = replier(c.req, std::move(c.respond));
   auto body = body_object(c.req, r);
   if (!body) return;
   prune(server);
@@ -237,11 +219,11 @@ void session_patch(Call& c) {
       return r.error(http::status::not_found, "Session not found: session_id=" + s.id);
     }
     server.sessions().update(s);
-    if (s.kernel_id == before.kernel_id) return r.json_body(http::status::ok, session_json(server, s));
+    if (s.kernel_id == before.kernel_id) return r.ok(session_json(server, s));
     release_kernel(server, before, "moved to another kernel", [&server, r, id = s.id] {
       const Session* now = server.sessions().find(id);
       if (!now) return r.error(http::status::not_found, "Session not found: session_id=" + id);
-      r.json_body(http::status::ok, session_json(server, *now));
+      r.ok(session_json(server, *now));
     });
   };
   if (!kernel->id.empty()) {  // the id wins over a name, as in jupyter_server
@@ -262,7 +244,7 @@ void session_patch(Call& c) {
 
 void session_delete(Call& c) {
   Server& server = c.server;
-  Reply r = reply_of(c);
+  Replier r = replier(c.req, std::move(c.respond));
   prune(server);
   const Session* found = server.sessions().find(c.param(0));
   if (!found) return r.error(http::status::not_found, "Session not found: session_id=" + c.param(0));
