@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,21 @@ class Server;
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 using Respond = std::function<void(Response)>;
+
+// The body of a response sent in parts as they come (chunked transfer coding): an event stream.
+// Call it on the Asio thread only; the parts go out in order, and end() sends the last chunk
+// (the connection then serves the next request). Dropped without end(), the connection closes
+// and the client sees the body cut short.
+class PartsWriter {
+ public:
+  virtual ~PartsWriter() = default;
+  virtual void send(std::string part) = 0;
+  virtual void end() = 0;
+};
+// Starts a response in parts: `head` (its status and headers; chunked is set, its body ignored)
+// goes out at once. Offered for HTTP/1.1 requests other than HEAD, as an alternative to Respond:
+// a request is answered with one or the other, exactly once.
+using RespondInParts = std::function<std::shared_ptr<PartsWriter>(Response head)>;
 
 struct RequestContext {
   bool peer_loopback = false;  // the client connected from a loopback address (or the Unix socket)

@@ -17,5 +17,10 @@ using IoHandler = std::function<void(beast::error_code, std::size_t)>;
 void async_read_request(Stream& s, beast::flat_buffer& buf, http::request_parser<http::string_body>& parser,
                         IoHandler done);
 void async_write_response(Stream& s, const http::response<http::string_body>& res, IoHandler done);
+// A response sent in parts (chunked transfer coding): its header (`res` has chunked() set; its
+// body is not sent), then each part as one chunk; `last` adds the last chunk after `data` (which
+// may then be empty). `data` must outlive the write.
+void async_write_head(Stream& s, const http::response<http::string_body>& res, IoHandler done);
+void async_write_chunk(Stream& s, const std::string& data, bool last, IoHandler done);
 
 }  // namespace kgate::gw

@@ -159,7 +159,77 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
     return route(server_, req, ctx, std::move(respond), hand_over);
   }
   server_.touch();
-  route(server_, req, ctx, std::move(respond));
+  RespondInParts in_parts;
+  if (req.version() >= 11)
+    in_parts = [self = shared_from_this(), origin](Response head) {
+      add_cors_headers(self->server_.options(), origin, head);
+      return self->open_parts(std::move(head));
+    };
+  route(server_, req, ctx, std::move(respond), nullptr, std::move(in_parts));
+}
+
+// What a handler holds while it answers in parts. It keeps the connection's session alive: a
+// session streaming an answer has no read or write in flight between parts.
+class HttpSession::Parts : public PartsWriter {
+ public:
+  explicit Parts(std::shared_ptr<HttpSession> s) : s_(std::move(s)) {}
+  void send(std::string part) override { s_->queue_part(std::move(part)); }
+  void end() override { s_->end_parts(); }
+
+ private:
+  std::shared_ptr<HttpSession> s_;
+};
+
+std::shared_ptr<PartsWriter> HttpSession::open_parts(Response head) {
+  parts_ = {};
+  parts_.open = true;
+  parts_.writing = true;
+  parts_.keep_alive = head.keep_alive();
+  head.body().clear();
+  head.chunked(true);
+  res_ = std::make_shared<Response>(std::move(head));
+  std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
+  async_write_head(stream_, *res_, beast::bind_front_handler(&HttpSession::on_part_written, shared_from_this()));
+  return std::make_shared<Parts>(shared_from_this());
+}
+
+void HttpSession::queue_part(std::string part) {
+  if (!parts_.open || parts_.ended || parts_.failed || part.empty()) return;
+  parts_.queued += part;
+  pump_parts();
+}
+
+void HttpSession::end_parts() {
+  if (!parts_.open || parts_.ended) return;
+  parts_.ended = true;
+  pump_parts();
+}
+
+void HttpSession::pump_parts() {
+  if (parts_.writing || parts_.failed || (parts_.queued.empty() && !parts_.ended)) return;
+  parts_.in_flight = std::move(parts_.queued);
+  parts_.queued.clear();
+  parts_.last_sent = parts_.ended;
+  parts_.writing = true;
+  // Each write has its own deadline: between parts nothing waits on the connection.
+  std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
+  async_write_chunk(stream_, parts_.in_flight, parts_.last_sent,
+                    beast::bind_front_handler(&HttpSession::on_part_written, shared_from_this()));
+}
+
+void HttpSession::on_part_written(beast::error_code ec, std::size_t) {
+  parts_.writing = false;
+  res_.reset();
+  if (ec) {
+    parts_.failed = true;
+    parts_.queued.clear();
+    return do_close();
+  }
+  if (!parts_.last_sent) return pump_parts();
+  const bool keep_alive = parts_.keep_alive;
+  parts_ = {};
+  if (!keep_alive) return do_close();
+  do_read();
 }
 
 void HttpSession::write(Response res) {

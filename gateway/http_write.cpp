@@ -12,6 +12,8 @@
 
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_range.hpp>
+#include <boost/beast/core/buffers_cat.hpp>
+#include <boost/beast/http/chunk_encode.hpp>
 #include <boost/beast/http/serializer.hpp>
 
 namespace kgate::gw {
@@ -51,6 +53,34 @@ void async_write_response(Stream& s, const Response& res, IoHandler done) {
         net::async_write(stream, bytes, [head, done = std::move(done)](beast::error_code e, std::size_t n) {
           done(e, n);
         });
+      },
+      s);
+}
+
+void async_write_head(Stream& s, const Response& res, IoHandler done) {
+  beast::error_code ec;
+  auto head = std::make_shared<std::string>(serialize(res, false, ec));
+  std::visit(
+      [&](auto& stream) {
+        if (ec) {
+          net::post(stream.get_executor(), [ec, done = std::move(done)] { done(ec, 0); });
+          return;
+        }
+        net::async_write(stream, net::buffer(*head),
+                         [head, done = std::move(done)](beast::error_code e, std::size_t n) { done(e, n); });
+      },
+      s);
+}
+
+void async_write_chunk(Stream& s, const std::string& data, bool last, IoHandler done) {
+  std::visit(
+      [&](auto& stream) {
+        auto finish = [done = std::move(done)](beast::error_code e, std::size_t n) { done(e, n); };
+        if (data.empty())  // a chunk of size 0 would end the body: only the last one may be empty
+          return net::async_write(stream, http::make_chunk_last(), std::move(finish));
+        auto chunk = http::make_chunk(net::buffer(data));
+        if (last) return net::async_write(stream, beast::buffers_cat(chunk, http::make_chunk_last()), std::move(finish));
+        net::async_write(stream, chunk, std::move(finish));
       },
       s);
 }

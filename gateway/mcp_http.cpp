@@ -2,6 +2,7 @@
 #include "mcp_http.hpp"
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -79,24 +80,44 @@ bool accepts_json(std::string_view accept) {
   return false;
 }
 
+bool accepts_event_stream(std::string_view accept) { return accept.find("text/event-stream") != std::string_view::npos; }
+
 }  // namespace
 
 // One POST waiting for its answer: exactly one, from whichever thread has it first (the
 // request's reply, a cancelled call's end, the session's end), always written on the Asio thread.
-struct McpHttp::Pending {
+//
+// A tools/call whose POST accepts text/event-stream may be answered with an event stream: the
+// stream opens with the first message that is not the reply (a progress notification, or a
+// request to the client such as elicitation/create), carries each as one SSE event, and ends
+// with the reply. A call that sends nothing else is answered with plain JSON, as every other
+// request is: no stream unless something needs one.
+struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
   net::io_context& ioc;
   Respond respond;
+  RespondInParts respond_in_parts;  // null: JSON answers only
   unsigned version;
   bool keep_alive;
   json id;                     // the request's id (null: a notification or a response)
   std::string session_header;  // initialize: the new session's id, sent back in Mcp-Session-Id
-  std::atomic<bool> answered{false};
 
   Pending(net::io_context& i, Respond r, unsigned v, bool k, json request_id)
       : ioc(i), respond(std::move(r)), version(v), keep_alive(k), id(std::move(request_id)) {}
 
+  // The answer: a JSON body (or none) with `st`, or, on a stream, the body as its last event.
   void answer(http::status st, std::optional<json> body = std::nullopt) {
-    if (answered.exchange(true)) return;
+    std::lock_guard lk(mu);
+    if (answered) return;
+    answered = true;
+    if (streaming) {
+      net::post(ioc, [self = shared_from_this(), body = std::move(body)] {
+        if (!self->writer) return;
+        if (body) self->writer->send(sse_event(*body));
+        self->writer->end();
+        self->writer.reset();
+      });
+      return;
+    }
     net::post(ioc, [respond = respond, version = version, keep_alive = keep_alive, st, body = std::move(body),
                     sid = session_header] {
       Response res = json_rpc_response(version, keep_alive, st, body ? &*body : nullptr);
@@ -104,6 +125,40 @@ struct McpHttp::Pending {
       respond(std::move(res));
     });
   }
+
+  // A message before the answer (a notification, a request to the client): sent on the event
+  // stream, which it opens if need be. False when there is no stream to send it on.
+  bool event(const json& m) {
+    std::lock_guard lk(mu);
+    if (answered || !respond_in_parts) return false;
+    if (!streaming) {
+      streaming = true;
+      net::post(ioc, [self = shared_from_this()] {
+        Response head{http::status::ok, self->version};
+        head.set(http::field::server, "kgate/" KGATE_VERSION);
+        head.set(http::field::content_type, "text/event-stream");
+        head.set(http::field::cache_control, "no-cache");
+        head.keep_alive(self->keep_alive);
+        if (!self->session_header.empty()) head.set("Mcp-Session-Id", self->session_header);
+        self->writer = self->respond_in_parts(std::move(head));
+      });
+    }
+    net::post(ioc, [self = shared_from_this(), text = sse_event(m)]() mutable {
+      if (self->writer) self->writer->send(std::move(text));
+    });
+    return true;
+  }
+
+
+ private:
+  static std::string sse_event(const json& m) {
+    return "event: message\ndata: " + m.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+  }
+
+  std::mutex mu;  // orders answer() and event(): what they post runs in that order
+  bool answered = false;
+  bool streaming = false;
+  std::shared_ptr<PartsWriter> writer;  // on the Asio thread only
 };
 
 McpHttp::McpHttp(Server& server) : server_(server), reaper_(server.ioc()) { reap(); }
@@ -180,16 +235,27 @@ void McpHttp::post(Call& c) {
   auto p = std::make_shared<Pending>(server_.ioc(), std::move(c.respond), version, keep_alive,
                                      request ? msg["id"] : json());
   if (initialize) p->session_header = id;
+  // A tools/call may be answered with an event stream (Pending), which can carry its progress
+  // and its questions to the client (input() through elicitation). Not a task's: its POST is
+  // answered at once, and nothing would carry what the task asks later.
+  const bool tool_call = request && msg["method"] == "tools/call";
+  const bool as_task = tool_call && msg["params"].is_object() && msg["params"].contains("task");
+  const bool streamable = tool_call && !as_task && c.respond_in_parts && accepts_event_stream(req[http::field::accept]);
+  if (streamable) p->respond_in_parts = std::move(c.respond_in_parts);
   mcp::Sink sink;
   if (request) {
     e.pending.erase(std::remove_if(e.pending.begin(), e.pending.end(), [](auto& w) { return w.expired(); }),
                     e.pending.end());
     e.pending.push_back(p);
-    // Its reply is the answer; progress notifications have no place in a JSON answer.
+    // Its reply is the answer; anything before it goes on the event stream, if there can be one.
     sink = [p](const json& m) {
-      if (m.is_null()) p->answer(http::status::accepted);  // cancelled: no reply will come
-      else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error")))
+      if (m.is_null()) {
+        p->answer(http::status::accepted);  // cancelled: no reply will come
+      } else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error"))) {
         p->answer(http::status::ok, m);
+      } else {
+        return p->event(m);
+      }
       return true;
     };
   } else {
@@ -199,7 +265,7 @@ void McpHttp::post(Call& c) {
       return true;
     };
   }
-  e.session->handle(req.body(), sink);
+  e.session->handle(req.body(), sink, streamable);
   if (!request) p->answer(http::status::accepted);
   else if (e.session->closed()) p->answer(http::status::not_found, rpc_error(p->id, kSessionNotFound, "Session not found"));
 }

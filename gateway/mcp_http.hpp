@@ -5,7 +5,10 @@
 //
 // - POST {base}mcp carries one JSON-RPC message. `initialize` opens a session: its reply has an
 //   Mcp-Session-Id, which every later request of the session carries. A request is answered
-//   with its JSON-RPC reply (application/json); a notification or a response with 202.
+//   with its JSON-RPC reply (application/json); a notification or a response with 202. A
+//   tools/call whose POST accepts text/event-stream is answered with an event stream when it
+//   has something to send before its reply: progress, or input() asked of the user through
+//   elicitation/create (whose answer the client POSTs as a JSON-RPC response).
 // - DELETE {base}mcp with the session's id ends it; GET is 405 (no server-initiated stream).
 // - Each session has its own Translator, so its own current-kernel pointer and its own agent
 //   id, as a kgate-mcp process has. The Translator reaches this kgate as a client would (over

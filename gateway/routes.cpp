@@ -118,7 +118,7 @@ std::string allow_list(unsigned methods) {
 }
 
 void route(Server& server, Request& req, const RequestContext& ctx, Respond respond,
-           std::function<Stream()> take_stream) {
+           std::function<Stream()> take_stream, RespondInParts respond_in_parts) {
   const bool upgrade = take_stream != nullptr;
   std::string path, query;
   if (!split_target(req.target(), path, query))
@@ -149,6 +149,7 @@ void route(Server& server, Request& req, const RequestContext& ctx, Respond resp
     return respond(json_error(req, http::status::service_unavailable,
                               "Job records are switched off in this kgate ([records] enabled = false)"));
   if (method == on::head) {
+    respond_in_parts = nullptr;
     // The answer GET would give, without its body (RFC 9110 §9.3.2); the length stays.
     respond = [respond = std::move(respond)](Response res) {
       auto length = res.body().size();
@@ -158,7 +159,7 @@ void route(Server& server, Request& req, const RequestContext& ctx, Respond resp
     };
   }
   Call call{server, req, ctx, std::move(path), std::move(query), std::move(m.params), std::move(respond),
-            std::move(take_stream)};
+            std::move(take_stream), std::move(respond_in_parts)};
   m.route->handler(call);
 }
 

@@ -28,6 +28,8 @@ struct Call {
   std::vector<std::string> params;   // the pattern's {name} segments, in order
   Respond respond;                   // exactly once
   std::function<Stream()> take_stream;  // websocket routes only: the connection, handed over whole
+  // An answer in parts instead of `respond` (api.hpp); null for HTTP/1.0, HEAD and upgrades.
+  RespondInParts respond_in_parts;
 
   const std::string& param(std::size_t i) const { return params.at(i); }
 };
@@ -64,9 +66,10 @@ std::string allow_list(unsigned methods);
 // 400 for a bad target or a "." / ".." segment, 404 for no route, 405 with Allow for a method
 // the path does not take, 400 for a plain request to a websocket-only path, 503 for a records
 // route with the records off.  A HEAD is answered without the body GET would send.
-// `take_stream` is null for a request that is not a websocket upgrade.
+// `take_stream` is null for a request that is not a websocket upgrade; `respond_in_parts` is
+// null where the connection cannot send an answer in parts.
 void route(Server& server, Request& req, const RequestContext& ctx, Respond respond,
-           std::function<Stream()> take_stream = nullptr);
+           std::function<Stream()> take_stream = nullptr, RespondInParts respond_in_parts = nullptr);
 
 // ---- The handlers the table names ----
 

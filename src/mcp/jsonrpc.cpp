@@ -435,6 +435,7 @@ struct McpSession::Impl {
   std::shared_ptr<Shared> shared;
   std::mutex handling;  // one message at a time: handle() may be called from several threads
   Sink out;             // the sink of the message being handled
+  bool client_requests = true;  // whether `out` can carry requests to the client (Call::ask_client)
   // Under `handling`.
   std::string legacy_version{kLatestLegacyVersion};  // what initialize agreed, for legacy requests
   bool initialized = false;
@@ -748,7 +749,7 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   if (era.modern) {
     const auto meta = params.find("_meta");
     call.client_capabilities = meta->value(std::string(kMetaCapabilities), json::object());
-  } else if (opts.client_requests) {
+  } else if (client_requests) {
     call.ask_client = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
                           const std::string& method, const json& ask_params,
                           std::chrono::milliseconds timeout) -> std::optional<json> {
@@ -1163,10 +1164,15 @@ McpSession::McpSession(ToolHandler& handler, ServerOptions opts)
 McpSession::~McpSession() = default;
 
 void McpSession::handle(std::string_view text, Sink out) {
+  handle(text, std::move(out), impl_->opts.client_requests);
+}
+
+void McpSession::handle(std::string_view text, Sink out, bool client_requests) {
   Impl& s = *impl_;
   std::lock_guard lock(s.handling);
   if (s.shared->closed) return;
   s.out = std::move(out);
+  s.client_requests = client_requests;
   try {
     s.handle_line(text);
   } catch (const std::exception& e) {  // e.g. out of memory while building a reply

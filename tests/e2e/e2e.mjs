@@ -378,12 +378,18 @@ const scenarios = {
     const jobs = jobsIn(r.text);
     check(jobs.length >= 1, "the reply names the job (job-N)", r.text);
     const job = jobs[jobs.length - 1];
+    // A wait on it reports progress (over HTTP, on the POST's event stream).
+    const progress = [];
+    const waited = await conv.ok("poll_job", { job, wait: 3 }, { onprogress: (p) => progress.push(p) });
+    check(/running/.test(waited.text), `${job} still runs after a 3 s wait`, waited.text);
+    check(progress.length >= 1 && progress.every((p) => p.total === 3 && /running/.test(p.message || "")),
+      "the wait sent progress notifications", progress);
     const intr = await conv.ok("interrupt", {});
     check(intr.text.includes(job), `interrupt names ${job}`, intr.text);
     const final = await pollUntilDone(conv, job);
     check(/interrupt/i.test(final.text) || final.text.includes("KeyboardInterrupt"),
       `${job} ended interrupted`, final.text);
-    return { job, execute_ms: r.ms, poll: clip(final.text, 300) };
+    return { job, execute_ms: r.ms, progress: progress.length, poll: clip(final.text, 300) };
   },
 
   /** Cancelling a tools/call (the SDK sends notifications/cancelled) interrupts its cell. */

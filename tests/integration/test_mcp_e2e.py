@@ -69,7 +69,7 @@ def kgate_token(kgate_bin, tmp_path_factory):
 # Over kgate's own /mcp (Streamable HTTP): the scenarios that need no kgate-mcp config of their
 # own (the inspectors' come from the conversation's config dir, which /mcp does not have).
 HTTP_SCENARIOS = ["connect", "matplotlib", "error", "long", "cancel", "foreign", "display_outputs",
-                  "inline_images", "notebook_session", "tasks", "input_unsupported"]
+                  "inline_images", "notebook_session", "tasks", "input", "input_unsupported"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -191,3 +191,60 @@ def test_stateless_2026_07_28_requests_need_no_session(kgate_factory):
     assert wait_until(lambda: not (kg.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("claim") or {}).get("alive"), 15), \
         kg.rest("GET", f"/api/kgate/kernels/{kid}")[2]
     kg.rest("DELETE", f"/api/kernels/{kid}")
+
+
+def sse_events(data):
+    """The JSON-RPC messages of an event stream's body, in order."""
+    events = []
+    for block in data.decode("utf-8").split("\n\n"):
+        lines = [line for line in block.split("\n") if line]
+        if not lines:
+            continue
+        assert any(line == "event: message" for line in lines), block
+        events.append(json.loads("".join(line[len("data: "):] for line in lines if line.startswith("data: "))))
+    return events
+
+
+def test_progress_and_questions_come_on_an_event_stream(kgate_factory):
+    """A tools/call whose POST accepts text/event-stream gets its progress on an event stream,
+    ended by its reply, and the connection then serves the next request. A call with nothing to
+    send before its reply, or whose POST accepts JSON only, is answered with plain JSON."""
+    kg = kgate_factory(token=TOKEN)
+    sid = initialize(kg)
+    text, _ = call(kg, sid, "execute", {"code": "import time; time.sleep(30)", "timeout": 1})
+    job = [w for w in text.replace(":", " ").replace(",", " ").split() if w.startswith("job-")][0]
+
+    conn = kg._connection(60)
+    try:
+        def send(rid, args, accept, token=None):
+            params = {"name": "poll_job", "arguments": args}
+            if token is not None:
+                params["_meta"] = {"progressToken": token}
+            conn.request("POST", "/mcp", body=json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                                                          "params": params}),
+                         headers={"Content-Type": "application/json", "Accept": accept, "Mcp-Session-Id": sid,
+                                  "Authorization": f"Bearer {TOKEN}"})
+            resp = conn.getresponse()
+            return resp.status, resp.headers, resp.read()
+
+        status, hdrs, data = send(11, {"job": job, "wait": 2.5}, JSON["Accept"], token="p-1")
+        assert status == 200 and hdrs["Content-Type"] == "text/event-stream", (status, hdrs, data)
+        assert hdrs["Transfer-Encoding"] == "chunked" and hdrs["Cache-Control"] == "no-cache", hdrs
+        events = sse_events(data)
+        progress, reply = events[:-1], events[-1]
+        assert reply["id"] == 11 and "running" in reply["result"]["content"][0]["text"], reply
+        assert len(progress) >= 1, events
+        for p in progress:
+            assert p["method"] == "notifications/progress" and p["params"]["progressToken"] == "p-1", p
+            assert p["params"]["total"] == 2.5 and job in p["params"]["message"], p
+        # The same connection goes on: JSON only, then nothing to stream.
+        status, hdrs, data = send(12, {"job": job, "wait": 1.5}, "application/json", token="p-2")
+        assert status == 200 and hdrs["Content-Type"] == "application/json", (hdrs, data)
+        assert json.loads(data)["id"] == 12, data
+        status, hdrs, data = send(13, {"job": job, "wait": 0}, JSON["Accept"])
+        assert status == 200 and hdrs["Content-Type"] == "application/json", (hdrs, data)
+        assert json.loads(data)["id"] == 13, data
+    finally:
+        conn.close()
+    call(kg, sid, "interrupt", {})
+    kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})

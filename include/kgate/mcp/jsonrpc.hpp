@@ -90,8 +90,8 @@ struct Call {
   // Asks the client (a JSON-RPC request from the server, e.g. elicitation/create) and waits up
   // to `timeout` for its answer: the response message (with "result" or "error"), or nullopt
   // (no answer in time, the call cancelled, the session closed). Null when the transport cannot
-  // carry requests to the client (kgate's /mcp answers in JSON), or in the modern era, which
-  // has no server-to-client requests.
+  // carry requests to the client (a /mcp POST answered in JSON, or a task's, whose POST is
+  // answered at once), or in the modern era, which has no server-to-client requests.
   std::function<std::optional<json>(const std::string& method, const json& params, std::chrono::milliseconds timeout)>
       ask_client;
   std::string protocol_version;          // negotiated (legacy: initialize, or 2025-11-25 before it) or from _meta (modern)
@@ -159,7 +159,8 @@ struct ServerOptions {
   // The "instructions" of the initialize and server/discover results; left out when empty.
   std::string instructions;
   // Whether the transport carries requests to the client (Call::ask_client): stdio does; an
-  // HTTP transport that answers each POST with JSON does not.
+  // HTTP transport that answers each POST with JSON does not. McpSession::handle may say it
+  // per message instead.
   bool client_requests = true;
 };
 
@@ -184,6 +185,10 @@ class McpSession {
   // progress and reply later, from the call's thread (`out` is kept until then). Messages are
   // handled one at a time; any thread may call it.
   void handle(std::string_view text, Sink out);
+  // The same, for a transport that can carry requests to the client for some messages only
+  // (kgate's /mcp: a POST answered with an event stream can, one answered with JSON cannot):
+  // `client_requests` says it for this message, in place of ServerOptions::client_requests.
+  void handle(std::string_view text, Sink out, bool client_requests);
   // The conversation is over (stdin EOF, an HTTP session deleted or idle too long): sets
   // `cancelled` on the calls in flight, waits up to eof_grace for them (their replies still go
   // out), then sends nothing more and calls ToolHandler::shutdown(). Idempotent.
