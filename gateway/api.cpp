@@ -36,6 +36,7 @@ json kernel_model_json(const KernelModel& m) {
   if (!m.reason.empty()) j["reason"] = m.reason;
   // kgate's own fields (jupyter_server has none of these; clients ignore unknown keys).
   if (!m.placement.is_null()) j["kgate_placement"] = m.placement;
+  if (!m.kernel_side.is_null()) j["kgate_kernel_side"] = m.kernel_side;
   j["responsive"] = m.responsive;
   if (!m.responsive && m.execution_state != "dead") j["silent_seconds"] = std::round(m.silent_seconds * 10) / 10;
   return j;

@@ -2,6 +2,8 @@
 // and the observe page.
 #include "jobs_api.hpp"
 
+#include "kgate/kernel_side.hpp"
+
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -315,6 +317,54 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
   respond_job_when_done(server, out.job, *wait, r, digest);
 }
 
+namespace {
+
+// How long the kernel side has to answer a stop: its control thread serves one request at a
+// time (ipykernel's own interrupts and shutdowns share it), but never waits behind a cell.
+constexpr auto kStopAnswer = std::chrono::seconds(10);
+
+// A stop through kgate's kernel side (DEV.md §14): kgate's records decide who may stop what (the
+// claim, the job's owner, begun or queued), then the kernel checks under its own lock that the
+// cell still runs before it sends SIGINT to its main thread. A stale id stops nothing, and the
+// answer names what runs now.
+void interrupt_in_kernel(Server& server, const std::string& job, const std::string& kernel,
+                         const std::optional<AgentRef>& a, const Replier& r) {
+  std::string request;
+  Outcome out = server.jobs().interrupt(job, a ? &*a : nullptr, [&](const std::string& req) {
+    request = req;
+    return true;
+  });
+  if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
+  server.manager().kernel_side_call(
+      kernel, {{"op", "interrupt"}, {"request", request}}, kStopAnswer,
+      [&server, job, r](std::optional<json> reply) {
+        Outcome o;
+        o.job = job;
+        if (!reply) {
+          server.jobs().stop_missed(job);
+          o.refusal = Refusal::no_process;
+          o.message = "The kernel did not answer the stop of " + job + " within " +
+                      std::to_string(kStopAnswer.count()) + " s (it is gone, restarting, or its control thread is stuck)";
+        } else if (reply->value("status", "") != "ok") {
+          server.jobs().stop_missed(job);
+          const json running = reply->value("running", json());
+          o.running_job = running.is_string() ? server.jobs().job_for_request(running.get<std::string>()) : "";
+          o.refusal = Refusal::not_running;
+          o.message = job + " is no longer running in the kernel; " +
+                      (o.running_job.empty() ? (running.is_string() ? std::string("a cell kgate has no record of runs now.")
+                                                                     : std::string("nothing runs on it now."))
+                                             : o.running_job + " is running now. Look at it before deciding to stop it.");
+        }
+        net::post(server.ioc(), [o, r] {
+          if (!o) return r.error(refusal_status(o.refusal), o.message, refusal_extra(o));
+          spdlog::info("{} interrupted (in the kernel)", o.job);
+          r.ok({{"interrupted", o.job}});
+        });
+      });
+}
+
+}  // namespace
+
 void post_interrupt(Server& server, const Request& req, const std::string& job, Respond respond) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
@@ -326,6 +376,9 @@ void post_interrupt(Server& server, const Request& req, const std::string& job, 
   if (!rec) return r.error(http::status::not_found, "No such job '" + job + "'");
   std::optional<AgentRef> a;
   if (agent && !agent->empty()) a = AgentRef{*agent, ""};
+  auto kernel = server.manager().get(rec->kernel);
+  if (kernel && kernel_side_has(kernel->kernel_side(), "stop"))
+    return interrupt_in_kernel(server, job, rec->kernel, a, r);
   // The check and the signal happen on the kernel I/O thread (it reaps the process, so the pid
   // is still the kernel's) under the records' lock.
   server.manager().with_interrupt(rec->kernel, [&server, job, a, r](const std::function<bool()>* interrupt) {
@@ -334,7 +387,7 @@ void post_interrupt(Server& server, const Request& req, const std::string& job, 
       out.refusal = Refusal::no_process;
       out.message = "The kernel of " + job + " no longer exists";
     } else {
-      out = server.jobs().interrupt(job, a ? &*a : nullptr, *interrupt);
+      out = server.jobs().interrupt(job, a ? &*a : nullptr, [&](const std::string&) { return (*interrupt)(); });
     }
     net::post(server.ioc(), [out, r] {
       if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));

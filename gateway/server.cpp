@@ -28,7 +28,7 @@ Server::Server(GatewayOptions opts)
                                                                                   : std::filesystem::path{},
                                   opts_.records.sync_interval}),
       hub_(ioc_, opts_),
-      jobs_(opts_.records),
+      jobs_(opts_.records, state_.host_session()),
       waiters_(ioc_, opts_.max_waiters),
       sweep_timer_(ioc_),
       cull_timer_(ioc_),
@@ -49,6 +49,7 @@ Server::Server(GatewayOptions opts)
   ensure_private_dir(opts_.runtime_dir);
   // Kernels an earlier kgate left running (DEV.md §4e): their files are not stale.
   opts_.kernel.table_dir = opts_.state_dir / "kernels";
+  opts_.kernel.host_session = jobs_.session();  // the kernels' host: kgate's cells carry it (DEV.md §14)
   opts_.kernel.remote_dir = opts_.state_dir / "remote";
   KernelTable::Loaded table = KernelTable(opts_.kernel.table_dir).load();
   for (const auto& p : table.problems) spdlog::warn("kernel table: {}", p);

@@ -351,9 +351,9 @@ std::size_t Job::bytes() const {
 // The version starts at the wall clock in ms: a client long-polling with an earlier kgate's
 // version is answered at once by the next kgate (whose versions are all greater), never told
 // "nothing changed" because the two counters happened to meet.  Below 2^53: exact in JSON.
-JobStore::JobStore(RecordLimits limits)
+JobStore::JobStore(RecordLimits limits, std::string session)
     : limits_(limits),
-      session_("kgate-" + new_hex_id()),
+      session_(session.empty() ? "kgate-" + new_hex_id() : std::move(session)),
       version_(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                               std::chrono::system_clock::now().time_since_epoch())
                                               .count())) {}
@@ -966,7 +966,7 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
 }
 
 Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
-                            const std::function<bool()>& interrupt) {
+                            const std::function<bool(const std::string& request)>& interrupt) {
   Outcome out;
   out.job = id;
   {
@@ -1016,7 +1016,7 @@ Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
                          "stop now would interrupt that one instead.";
       return out;
     }
-    if (!interrupt()) {
+    if (!interrupt(j->request)) {
       out.refusal = Refusal::no_process;
       out.message = "The kernel process of " + id + " is not running.";
       return out;
@@ -1026,6 +1026,19 @@ Outcome JobStore::interrupt(const std::string& id, const AgentRef* agent,
   }
   notify();
   return out;
+}
+
+void JobStore::stop_missed(const std::string& id) {
+  std::lock_guard lk(mu_);
+  if (Job* j = find_locked(id)) j->stop_note.clear();
+}
+
+std::string JobStore::job_for_request(const std::string& msg_id) const {
+  std::lock_guard lk(mu_);
+  auto it = by_request_.find(msg_id);
+  if (msg_id.empty() || it == by_request_.end()) return {};
+  auto j = jobs_.find(it->second);
+  return j == jobs_.end() ? std::string() : j->second.id();
 }
 
 Outcome JobStore::restart_gate(const std::string& kernel, const AgentRef* agent) {

@@ -5,6 +5,7 @@
 // and wakes the poll loop through an eventfd.  Kernel objects (the models) are shared and
 // guard their own fields with a mutex.
 #include "kgate/kernel.hpp"
+#include "kgate/kernel_side.hpp"
 #include "kgate/utf8.hpp"
 
 #include <algorithm>
@@ -106,6 +107,7 @@ KernelModel Kernel::model() const {
   m.connections = connections_.load();
   m.reason = reason_;
   m.placement = placement_;
+  m.kernel_side = kernel_side_locked();
   m.responsive = responsive_ && state_ != "dead";
   if (!responsive_ && state_ != "dead")
     m.silent_seconds = std::chrono::duration<double>(Clock::now() - silent_since_).count();
@@ -119,6 +121,29 @@ void Kernel::update_placement(const json& fields) {
     if (value.is_null()) placement_.erase(key);
     else placement_[key] = value;
   }
+}
+
+void Kernel::set_kernel_side(json state) {
+  std::lock_guard lk(mu_);
+  kernel_side_ = std::move(state);
+}
+
+void Kernel::add_refused(json who) {
+  std::lock_guard lk(mu_);
+  refused_.push_back(std::move(who));
+  if (refused_.size() > kMaxRefused) refused_.erase(refused_.begin());
+}
+
+json Kernel::kernel_side() const {
+  std::lock_guard lk(mu_);
+  return kernel_side_locked();
+}
+
+json Kernel::kernel_side_locked() const {
+  if (kernel_side_.is_null()) return nullptr;
+  json out = kernel_side_;
+  out["refused"] = refused_;
+  return out;
 }
 
 json Kernel::placement() const {
@@ -266,6 +291,12 @@ struct KernelIo {
   // Re-adopted, history probe out: clients' shell requests wait in `held` until its reply (so
   // the records know the gap's cells before any new cell ends), at most kHistoryHold.
   bool hold_shell = false;
+  // The kernel side (DEV.md §14): the kernel_info_reply's implementation ("ipython" for
+  // ipykernel), and the install request in flight.
+  std::string implementation;
+  std::string side_install;
+  // kgate_requests to the kernel side awaiting their kgate_reply (KernelManager::kernel_side_call).
+  std::map<std::string, std::function<void(std::optional<json>)>> side_calls;
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -273,7 +304,7 @@ struct KernelIo {
   // it has not met yet, so a kernel is not ready until our stdin DEALER is connected.
   std::unique_ptr<zmq::socket_t> stdin_monitor;
   bool stdin_up = false;
-  std::string session = new_hex_id();  // kgate's own session id with this kernel
+  std::string session;  // kgate's own session id with this kernel (Impl::kernel_session)
   // Bumped each time the sockets are opened anew after a remote kernel's link came back: their
   // routing identity is session-gen, because the kernel's ROUTER may still hold the old
   // connection under the old identity (no handover) and would route our replies there.
@@ -386,6 +417,8 @@ struct KernelManager::Impl {
       : opts(o), runtime_dir(std::move(rd)), observers(std::move(ob)), table(opts.table_dir) {}
 
   KernelOptions opts;
+  // kgate's own session with one kernel: the host's, with a suffix of its own (DEV.md §14).
+  std::string kernel_session() const { return opts.host_session + "." + new_hex_id().substr(0, 12); }
   std::filesystem::path runtime_dir;
   // KernelManager::counters(): written on kgate-io, read anywhere.
   std::atomic<std::uint64_t> started{0}, start_failures{0}, restarts{0};
@@ -501,6 +534,9 @@ struct KernelManager::Impl {
   std::string readiness_missing(const KernelIo& k) const;  // what readiness still waits for
   void check_ready(KernelIo& k);
   void became_ready(KernelIo& k);
+  void install_kernel_side(KernelIo& k);
+  // A kgate_event on iopub: the kernel side tells kgate something (not passed to clients).
+  void kernel_side_event(KernelIo& k, const KernelMessage& m);
   // Sends the shell requests held while a re-adopted kernel's history probe was out.
   void release_shell(KernelIo& k);
   void fail_start(KernelIo& k, const std::string& why);
@@ -553,6 +589,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   for (const auto& [name, value] : spec.env) lo.env[name] = expand_env(value, lo.env);
   for (const auto& [name, value] : k.request.env) lo.env[name] = value;
   lo.env["JPY_PARENT_PID"] = std::to_string(::getpid());
+  lo.env[kHostSessionEnv] = opts.host_session;  // the kernel side's host, known before anyone connects
   for (const auto& a : spec.argv) {
     std::string arg = a;
     for (auto [key, val] : {std::pair<std::string_view, std::string>{"{connection_file}", k.file.string()},
@@ -804,6 +841,7 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
       });
     }
   }
+  install_kernel_side(k);
   // Set once: a re-adopted kernel whose shell is held goes from starting straight to busy,
   // never through an idle that a client could read in between (test_readopt_records saw it).
   if (!k.hold_shell) k.kernel->set_state("idle");
@@ -819,6 +857,39 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   k.start_waiters.clear();
   for (auto& w : waiters) w(StartResult{k.kernel, {}});
   heartbeat_tick(k.kernel->id(), k.epoch);
+}
+
+// kgate's half of the session kernel inside the kernel (DEV.md §14): one silent execute, sent
+// before any client's request, so it runs before anyone else's. Its reply says what is on.
+void KernelManager::Impl::install_kernel_side(KernelIo& k) {
+  k.side_install.clear();
+  if (k.implementation != "ipython") {
+    k.kernel->set_kernel_side(kernel_side_off(
+        k.implementation.empty() ? "the kernel did not name its implementation, so it is not known to be an ipykernel"
+                                 : "not an ipykernel (its implementation is '" + k.implementation + "')"));
+    return;
+  }
+  k.side_install = send_internal(k, Channel::shell, "execute_request", kernel_side_install_request(opts.host_session));
+  // Its busy and idle are not the shell's state for clients, nor activity.
+  if (!k.side_install.empty()) k.readiness_ids.insert(k.side_install);
+  else k.kernel->set_kernel_side(kernel_side_off("its install request could not be sent"));
+}
+
+void KernelManager::Impl::kernel_side_event(KernelIo& k, const KernelMessage& m) {
+  json content = json::parse(m.wire.content, nullptr, false);
+  if (!content.is_object()) return;
+  const std::string event = content.value("event", "");
+  if (event == "shutdown_refused") {
+    json who = {{"at", iso_now()},
+                {"session", content.value("session", "")},
+                {"username", content.value("username", "")},
+                {"channel", content.value("channel", "")},
+                {"restart", content.value("restart", false)}};
+    spdlog::warn("kernel {}: refused a {} from session {} (user '{}'): only kgate shuts it down", k.kernel->id(),
+                 who["restart"].get<bool>() ? "restart (shutdown_request)" : "shutdown_request",
+                 who["session"].get<std::string>(), who["username"].get<std::string>());
+    k.kernel->add_refused(std::move(who));
+  }
 }
 
 void KernelManager::Impl::release_shell(KernelIo& k) {
@@ -940,6 +1011,9 @@ void KernelManager::Impl::fail_pending(KernelIo& k, const std::string& ename,
     refuse(k, m, ename, evalue);
   }
   k.internal.clear();
+  auto calls = std::move(k.side_calls);
+  k.side_calls.clear();
+  for (auto& [id, done] : calls) done(std::nullopt);
 }
 
 void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state) {
@@ -1043,6 +1117,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       check_ready(k);
     }
     if (k.relinking) relinked(k);
+    if (m.msg_type == "kgate_event") return kernel_side_event(k, m);
     deliver(k, std::move(m));
     return;
   }
@@ -1066,7 +1141,24 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       if (k.hold_shell) release_shell(k);
       return;
     }
+    if (auto call = k.side_calls.find(m.parent_msg_id); call != k.side_calls.end()) {
+      auto done = std::move(call->second);
+      k.side_calls.erase(call);
+      json content = json::parse(m.wire.content, nullptr, false);
+      done(content.is_object() ? std::optional<json>(std::move(content)) : std::nullopt);
+      return;
+    }
+    if (!k.side_install.empty() && m.parent_msg_id == k.side_install) {
+      k.side_install.clear();
+      json side = kernel_side_from_reply(json::parse(m.wire.content, nullptr, false));
+      if (!side.value("installed", false))
+        spdlog::warn("kernel {}: kgate's kernel side is off: {}", k.kernel->id(), side.value("reason", ""));
+      k.kernel->set_kernel_side(std::move(side));
+      return;
+    }
     if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
+      json info = json::parse(m.wire.content, nullptr, false);
+      if (info.is_object()) k.implementation = info.value("implementation", "");
       k.ready_reply = true;
       check_ready(k);
       if ((k.phase == Phase::launching || k.phase == Phase::restarting) && !k.iopub_seen) {
@@ -2138,6 +2230,7 @@ void KernelManager::Impl::poll_once() {
 KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_dir,
                              std::vector<KernelObserver*> observers)
     : impl_(std::make_unique<Impl>(opts, std::move(runtime_dir), std::move(observers))) {
+  if (impl_->opts.host_session.empty()) impl_->opts.host_session = "kgate-" + new_hex_id();
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   impl_->thread = std::thread([this] {
@@ -2308,6 +2401,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       auto kernel = std::make_shared<Kernel>(e.id, e.spec);
       kernel->set_cull_idle_timeout(e.cull_idle_timeout);
       auto k = std::make_unique<KernelIo>();
+      k->session = m.kernel_session();
       k->kernel = kernel;
       k->request.spec = e.spec;
       k->request.id = e.id;
@@ -2388,6 +2482,7 @@ void KernelManager::start(StartRequest req, std::function<void(StartResult)> don
       return;
     }
     auto k = std::make_unique<KernelIo>();
+    k->session = m.kernel_session();
     k->kernel = kernel;
     k->request = std::move(req);
     k->conn.key = new_uuid();
@@ -2545,6 +2640,28 @@ bool KernelManager::Impl::interrupt_now(KernelIo& k) {
   if (!k.proc.running()) return false;
   k.proc.signal(SIGINT);
   return true;
+}
+
+void KernelManager::kernel_side_call(const std::string& id, json content, std::chrono::milliseconds timeout,
+                                     std::function<void(std::optional<json>)> done) {
+  impl_->post([this, id, content = std::move(content), timeout, done = std::move(done)]() mutable {
+    Impl& m = *impl_;
+    KernelIo* k = m.find(id);
+    if (!k || k->phase != Phase::ready) return done(std::nullopt);
+    std::string sent = m.send_internal(*k, Channel::control, "kgate_request", std::move(content));
+    if (sent.empty()) return done(std::nullopt);
+    k->side_calls.emplace(sent, std::move(done));
+    m.after(timeout, [&m, id, sent] {
+      KernelIo* kk = m.find(id);
+      if (!kk) return;
+      auto it = kk->side_calls.find(sent);
+      if (it == kk->side_calls.end()) return;
+      auto late = std::move(it->second);
+      kk->side_calls.erase(it);
+      kk->internal.erase(sent);
+      late(std::nullopt);
+    });
+  });
 }
 
 void KernelManager::with_interrupt(const std::string& id,

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -13,6 +14,9 @@
 #include <utility>
 
 #include "kgate/connection.hpp"
+#include "kgate/wire.hpp"
+
+#include <fstream>
 
 namespace kgate {
 namespace fs = std::filesystem;
@@ -93,6 +97,23 @@ StateDir& StateDir::operator=(StateDir&& o) noexcept {
 
 StateDir::~StateDir() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays (its pid is only a hint)
+}
+
+std::string StateDir::host_session(bool* replaced) const {
+  const fs::path file = dir_ / "host-session";
+  std::string id;
+  if (std::ifstream in(file); in) std::getline(in, id);
+  auto valid = [](const std::string& s) {
+    if (s.size() != 6 + 32 || s.compare(0, 6, "kgate-") != 0) return false;
+    for (std::size_t i = 6; i < s.size(); ++i)
+      if (!std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+    return true;
+  };
+  if (valid(id)) return id;
+  if (replaced) *replaced = fs::exists(file);
+  id = "kgate-" + new_hex_id();
+  write_file_atomically(file, id + "\n");
+  return id;
 }
 
 }  // namespace kgate

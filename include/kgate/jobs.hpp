@@ -197,7 +197,9 @@ inline constexpr std::string_view kAgentRoute = "@kgate-agent";
 class JobStore final : public KernelObserver {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit JobStore(RecordLimits limits);
+  // `session`: kgate's own session id for the agent's cells (the kernels' host session,
+  // DEV.md §14); "" = a fresh one.
+  explicit JobStore(RecordLimits limits, std::string session = {});
 
   const RecordLimits& limits() const { return limits_; }
   // The session id of kgate's own execute requests: an execute_input from any other session is
@@ -223,9 +225,15 @@ class JobStore final : public KernelObserver {
                        const std::function<void(ClientMessage)>& send);
   // Whether `job` has ended or waits for input (what a waiting request returns on).
   bool settled(const std::string& job) const;
-  // Stops `job` if it still runs: `interrupt` (SIGINT to the kernel process) is called under the
+  // Stops `job` if it still runs: `interrupt` (SIGINT to the kernel process, or the kernel
+  // side's stop sent for the job's execute_request, whose msg_id it gets) is called under the
   // lock the job is ended under.  `agent` null = the person at the machine (may stop anything).
-  Outcome interrupt(const std::string& job, const AgentRef* agent, const std::function<bool()>& interrupt);
+  Outcome interrupt(const std::string& job, const AgentRef* agent,
+                    const std::function<bool(const std::string& request)>& interrupt);
+  // The kernel side found `job` no longer running: a person's stop leaves no note on it.
+  void stop_missed(const std::string& job);
+  // The job of an execute_request, by its msg_id ("" when none is recorded).
+  std::string job_for_request(const std::string& msg_id) const;
   // May `agent` restart `kernel`?  A person's restart (agent null) is never refused and clears
   // the claim; an agent's is refused while another live agent holds the kernel.
   Outcome restart_gate(const std::string& kernel, const AgentRef* agent);

@@ -95,6 +95,9 @@ struct KernelModel {
   // Where it runs (DEV.md §4f): null for a local kernel; for a launcher's, an object with
   // launcher, kind, host/node, and for Slurm job_id, state and reason.
   json placement;
+  // kgate's kernel side in it (DEV.md §14, kernel_side.hpp): null until known, then
+  // {"installed", "features": {name: true | "why off"}, "refused": [who tried to shut it down]}.
+  json kernel_side;
 };
 
 // One kernel.  Created and driven by KernelManager; the gateway reads its model (from any
@@ -149,8 +152,15 @@ class Kernel {
   // At hand-out: the kernel's age and idle time start now; it becomes visible.
   void handed_out();
   void set_pooled(bool p) noexcept { pooled_.store(p); }
+  // The kernel side's state (kernel_side.hpp), set when its install is answered; a refused
+  // shutdown_request is added to its "refused" list (the last kMaxRefused).
+  static constexpr std::size_t kMaxRefused = 20;
+  void set_kernel_side(json state);
+  void add_refused(json who);
+  json kernel_side() const;
 
  private:
+  json kernel_side_locked() const;
 
   const std::string id_;
   const KernelSpec spec_;
@@ -168,6 +178,8 @@ class Kernel {
   ConnectionInfo conn_;
   int pid_ = -1;
   json placement_;
+  json kernel_side_;
+  json refused_ = json::array();
   std::atomic<int> connections_{0};
   std::atomic<bool> pooled_{false};
 };
@@ -202,6 +214,11 @@ struct KernelOptions {
   std::chrono::milliseconds link_timeout{60000};
   // How often queued and running Slurm jobs are looked up with squeue.
   std::chrono::milliseconds scheduler_poll{2000};
+  // kgate's session id as the kernels' host (DEV.md §14): handed to each kernel at launch
+  // (KGATE_HOST_SESSION) and to its kernel side; kgate's own requests to a kernel carry it, or
+  // it + "." + a per-kernel suffix. Kept in the state dir so re-adopted kernels know it; "" = a
+  // fresh one for this manager.
+  std::string host_session;
 };
 
 // What POST /api/kernels asks for, after the gateway applied its policies.
@@ -270,6 +287,11 @@ class KernelManager {
   // whether it could (false once the process is gone); `fn` gets nullptr if there is no such
   // kernel.  The I/O thread reaps kernels, so the pid cannot be reused under `fn`.
   void with_interrupt(const std::string& id, std::function<void(const std::function<bool()>*)> fn);
+  // Sends kgate's kernel side (DEV.md §14) a kgate_request with `content` on control; `done`
+  // gets its kgate_reply's content, or nullopt: no answer within `timeout`, the kernel is not
+  // ready, or it died or stopped first. `done` runs on the I/O thread, exactly once.
+  void kernel_side_call(const std::string& id, json content, std::chrono::milliseconds timeout,
+                        std::function<void(std::optional<json>)> done);
   // Sends a client's message.  Requests are tracked until their reply; a dead kernel or a
   // full table answers them with an error reply (exactly one reply per request).
   void send(const std::string& id, ClientMessage msg);

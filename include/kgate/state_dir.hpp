@@ -29,6 +29,11 @@ class StateDir {
   ~StateDir();
 
   const std::filesystem::path& path() const { return dir_; }
+  // kgate's session id as its kernels' host (DEV.md §14): read from `host-session` (0600), or
+  // made ("kgate-" + 32 hex digits) and written there, so a kgate that re-adopts kernels is
+  // the host they were launched for. A file that is not such an id is replaced (logged by the
+  // caller through `replaced`).
+  std::string host_session(bool* replaced = nullptr) const;
   bool held() const { return fd_ >= 0; }
   // The directory existed with access for others, and open() made it 0700.
   bool tightened() const { return tightened_; }

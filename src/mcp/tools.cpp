@@ -1241,6 +1241,31 @@ ToolReply Translator::interrupt(Call& c) {
   return text_reply(text);
 }
 
+namespace {
+
+// server_status's lines on kgate's kernel side (DEV.md §14): which features are on, which are off
+// and why, and who was refused a shutdown.
+std::string kernel_side_text(const json& side) {
+  std::string on, off;
+  if (const auto f = side.find("features"); f != side.end() && f->is_object())
+    for (const auto& [name, v] : f->items()) {
+      if (v == true) on += (on.empty() ? "" : ", ") + name;
+      else off += "\n  off: " + name + (v.is_string() ? " (" + v.get<std::string>() + ")" : "");
+    }
+  std::string out = "\nkernel side: " + (on.empty() ? std::string("off") : "on (" + on + ")");
+  if (on.empty() && side.value("reason", "").size()) out += ": " + side.value("reason", "");
+  else out += off;
+  if (const auto r = side.find("refused"); r != side.end() && r->is_array() && !r->empty()) {
+    const json& last = r->back();
+    out += "\nrefused shutdowns: " + std::to_string(r->size()) + ", the last from session " +
+           last.value("session", "?") + (last.value("username", "").empty() ? "" : " (user " + last.value("username", "") + ")") +
+           " at " + last.value("at", "?");
+  }
+  return out;
+}
+
+}  // namespace
+
 ToolReply Translator::server_status(Call&) {
   std::optional<Current> cur = current();
   Endpoint ep;
@@ -1265,6 +1290,7 @@ ToolReply Translator::server_status(Call&) {
     out += "\nruns " + kgate::client::placement_text(kj["kgate_placement"]) +
            (kj.value("execution_state", "") == "starting" ? " — queued: execute works once it runs" : "");
   if (kj.contains("running_job") && kj["running_job"].is_string()) out += "\nrunning: " + kj["running_job"].get<std::string>();
+  if (kj.contains("kgate_kernel_side") && kj["kgate_kernel_side"].is_object()) out += kernel_side_text(kj["kgate_kernel_side"]);
   if (kj.contains("claim") && kj["claim"].is_object()) {
     auto& cl = kj["claim"];
     out += "\nheld by: " + (cl.value("agent", "") == agent_ ? std::string("you") : cl.value("label", "") + " (" + cl.value("agent", "") + ")");

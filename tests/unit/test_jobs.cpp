@@ -339,7 +339,7 @@ TEST(JobStore, StopNamesItsJob) {
   Fixture f;
   f.store->agent_connected(AgentRef{"a", ""});
   int signals = 0;
-  auto sig = [&] { ++signals; return true; };
+  auto sig = [&](const std::string&) { ++signals; return true; };
   ASSERT_TRUE(f.submit("a", "1"));
   std::string r1 = f.last_request();
   // Not begun yet (queued in the kernel): a stop would hit another cell.
@@ -370,10 +370,13 @@ TEST(JobStore, StopNamesItsJob) {
   // An agent stops its own job; the signal runs under the store's lock.
   ASSERT_TRUE(f.submit("a", "import time; time.sleep(60)"));
   f.iopub("execute_input", f.last_request(), {{"code", "x"}}, f.store->session());
-  EXPECT_TRUE(f.store->interrupt("job-3", &a, [&] {
+  EXPECT_TRUE(f.store->interrupt("job-3", &a, [&](const std::string& request) {
     EXPECT_TRUE(f.store->limits().enabled);  // the lock is not re-entered here
+    EXPECT_EQ(request, f.last_request());    // what the kernel side's stop names
     return true;
   }));
+  EXPECT_EQ(f.store->job_for_request(f.last_request()), "job-3");
+  EXPECT_EQ(f.store->job_for_request("nope"), "");
 }
 
 TEST(JobStore, RestartGate) {

@@ -1,0 +1,265 @@
+"""kgate's half of the session kernel inside the kernel (issue 21; DEV.md §14): installed into
+every ipykernel kgate launches. Silent cells from clients attached by connection file are
+recorded as the user's; a shutdown_request from anyone but kgate is refused; a stop names its
+cell and never lands in the next one; a kernel without the kernel side works as before and says
+which features are off."""
+
+import json
+import os
+import random
+import signal
+import time
+
+from conftest import Kgate, wait_until
+from records_util import (agent_execute, agent_run, attach_client, digest, get_job, interrupt_job, kgate_kernel,
+                          list_jobs, wait_for_job, wait_job_end)
+
+FEATURES = {"shutdown_guard", "silent_echo", "stop"}
+
+
+def kernel_side(kg, kid, timeout=20):
+    """The kernel's kgate_kernel_side once its install was answered."""
+    assert wait_until(lambda: kgate_kernel(kg, kid).get("kgate_kernel_side"), timeout), \
+        f"no kgate_kernel_side for {kid}: {kgate_kernel(kg, kid)}\n{kg.log_tail(30)}"
+    return kgate_kernel(kg, kid)["kgate_kernel_side"]
+
+
+def assert_on(side):
+    assert side["installed"] is True, side
+    assert side["features"] == {f: True for f in FEATURES}, side
+
+
+def test_silent_foreign_cells_are_recorded_and_empty_ones_are_not(kgate_factory):
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    kc = attach_client(kg, kid)
+    try:
+        # A silent cell runs with full effect: it is the user's cell, silent or not.
+        reply = kc.execute_interactive("x_silent = 41 + 1", silent=True, timeout=30)
+        assert reply["content"]["status"] == "ok", reply
+        job = wait_for_job(kg, kid, lambda j: j.get("code") == "x_silent = 41 + 1", what="the silent cell")
+        assert job["origin"] == "user", job
+        # What clients send silently without code (qtconsole's prompt number, user_expressions)
+        # is not a cell.
+        for _ in range(3):
+            r = kc.execute_interactive("", silent=True, user_expressions={"n": "1 + 1"}, timeout=30)
+            assert r["content"]["status"] == "ok" and r["content"]["user_expressions"]["n"]["status"] == "ok", r
+        r = kc.execute_interactive("marker_cell = 1", timeout=30)
+        assert r["content"]["status"] == "ok", r
+        wait_for_job(kg, kid, lambda j: j.get("code") == "marker_cell = 1" and j["status"] != "running",
+                     what="the marker cell")
+        codes = [j.get("code") for j in list_jobs(kg, kid)["jobs"]]
+        assert codes == ["x_silent = 41 + 1", "marker_cell = 1"], codes
+    finally:
+        kc.stop_channels()
+    # The agent is told of it, and sees its effect.
+    rec = agent_run(kg, kid, "print(x_silent)", "agent-a")
+    assert rec["status"] == "ok" and "42" in rec.get("output", ""), rec
+    d = digest(kg, kid, "agent-a")
+    assert any(j["job"] == job["job"] for j in d["jobs"]), d
+
+
+def test_a_foreign_shutdown_is_refused_and_the_kernel_lives_on(kgate_factory):
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    pid = kg.kernel_pid(kid)
+    kc = attach_client(kg, kid)
+    try:
+        for restart in (False, True):
+            msg = kc.session.msg("shutdown_request", {"restart": restart})
+            kc.control_channel.send(msg)
+            reply = kc.get_control_msg(timeout=15)
+            while reply["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                reply = kc.get_control_msg(timeout=15)
+            assert reply["msg_type"] == "shutdown_reply" and reply["content"]["status"] == "error", reply
+            assert "kgate" in reply["content"]["evalue"], reply
+        # The shell channel's shutdown_request (older clients) is refused too.
+        msg = kc.session.msg("shutdown_request", {"restart": False})
+        kc.shell_channel.send(msg)
+        reply = kc.get_shell_msg(timeout=15)
+        assert reply["msg_type"] == "shutdown_reply" and reply["content"]["status"] == "error", reply
+        time.sleep(0.5)
+        r = kc.execute_interactive("alive = 'yes'", timeout=30)
+        assert r["content"]["status"] == "ok", r
+    finally:
+        kc.stop_channels()
+    os.kill(pid, 0)  # the same process
+    assert kg.kernel_model(kid)["execution_state"] != "dead"
+    # The record says who tried.
+    side = kernel_side(kg, kid)
+    assert len(side["refused"]) == 3, side
+    assert {r["session"] for r in side["refused"]} == {kc.session.session}, side
+    assert [r["channel"] for r in side["refused"]] == ["control", "control", "shell"], side
+    assert [r["restart"] for r in side["refused"]] == [False, True, False], side
+    assert any("refused a shutdown_request from session" in line for line in kg.log_lines), kg.log_tail(20)
+
+    # kgate itself may: a restart keeps the id and installs the kernel side anew, and a DELETE
+    # ends the kernel by its shutdown_request, well within the grace before SIGTERM.
+    status, _, body = kg.rest("POST", f"/api/kernels/{kid}/restart")
+    assert status == 200, body
+    new_pid = kg.kernel_pid(kid)
+    assert new_pid != pid
+    assert_on(kernel_side(kg, kid))
+    t0 = time.monotonic()
+    kg.delete_kernel(kid)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{new_pid}") or
+                      open(f"/proc/{new_pid}/stat").read().split()[2] == "Z", 10)
+    assert time.monotonic() - t0 < 2.0, "the kernel did not end by kgate's own shutdown_request"
+    assert not any("SIGTERM" in line and kid in line for line in kg.log_lines), kg.log_tail(20)
+
+
+ECHO_KERNEL = r'''
+from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
+
+
+class EchoKernel(Kernel):
+    implementation = "kgate-test-echo"
+    implementation_version = "1"
+    language = "text"
+    language_version = "1"
+    language_info = {"name": "text", "mimetype": "text/plain", "file_extension": ".txt"}
+    banner = "echo"
+
+    def do_execute(self, code, silent, store_history=True, user_expressions=None, allow_stdin=False):
+        if not silent:
+            self.send_response(self.iopub_socket, "stream", {"name": "stdout", "text": code})
+        return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
+
+
+IPKernelApp.launch_instance(kernel_class=EchoKernel)
+'''
+
+
+def test_a_kernel_without_the_kernel_side_works_with_its_features_off(kgate_bin, tmp_path_factory):
+    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
+    spec = kg.root / "share" / "kernels" / "echo"
+    spec.mkdir(parents=True)
+    (spec / "echo_kernel.py").write_text(ECHO_KERNEL)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/usr/bin/python3", str(spec / "echo_kernel.py"), "-f", "{connection_file}"],
+        "display_name": "Echo", "language": "text"}))
+    kg.start()
+    try:
+        kid = kg.start_kernel({"name": "echo"})["id"]
+        side = kernel_side(kg, kid)
+        assert side["installed"] is False and "kgate-test-echo" in side["reason"], side
+        assert set(side["features"]) == FEATURES and all(isinstance(v, str) for v in side["features"].values()), side
+        rec = agent_run(kg, kid, "hello echo", "agent-a")
+        assert rec["status"] == "ok" and rec.get("output") == "hello echo", rec
+        # As today: anyone holding the connection file may shut it down.
+        kc = attach_client(kg, kid)
+        try:
+            kc.shutdown()
+        finally:
+            kc.stop_channels()
+        assert wait_until(lambda: kg.rest("GET", f"/api/kernels/{kid}")[0] == 404 or
+                          kg.kernel_model(kid)["execution_state"] in ("dead", "restarting", "starting"), 20), \
+            kg.log_tail(20)
+    finally:
+        kg.cleanup_kernels()
+        kg.stop()
+
+
+def test_the_host_is_kept_across_kgates_so_readopted_kernels_obey_the_next(kgate_bin, tmp_path_factory):
+    """Kernels outlive kgate: the next kgate on the same state directory is the same host."""
+    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
+    kg.start()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    host = (kg.root / "state" / "kgate" / "host-session").read_text().strip()
+    assert host.startswith("kgate-") and len(host) == 38, host
+    assert oct(os.stat(kg.root / "state" / "kgate" / "host-session").st_mode & 0o777) == "0o600"
+    pid = kg.kernel_pid(kid)
+    os.kill(kg.proc.pid, signal.SIGKILL)
+    kg.proc.wait(10)
+    kg2 = Kgate(kgate_bin, kg.root).start()
+    try:
+        assert wait_until(lambda: kg2.rest("GET", f"/api/kernels/{kid}")[0] == 200 and
+                          kg2.kernel_model(kid)["execution_state"] == "idle", 30), kg2.log_tail(30)
+        assert (kg.root / "state" / "kgate" / "host-session").read_text().strip() == host
+        assert_on(kernel_side(kg2, kid))
+        rec = agent_run(kg2, kid, "print('still here')", "agent-b")
+        assert rec["status"] == "ok", rec
+        kg2.delete_kernel(kid)
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                          open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10)
+        assert not any("refused" in line for line in kg2.log_lines), kg2.log_tail(20)
+    finally:
+        kg2.cleanup_kernels()
+        kg2.stop()
+
+
+def test_a_stop_interrupts_its_cell_through_the_kernel_side(kgate_factory):
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    status, rec = agent_execute(kg, kid, "import time\ntime.sleep(30)", "agent-a")
+    assert status == 200, rec
+    job = rec["job"]
+    assert wait_until(lambda: get_job(kg, job)["began"], 10)
+    t0 = time.monotonic()
+    status, reply = interrupt_job(kg, job, agent="agent-a")
+    assert status == 200 and reply == {"interrupted": job}, (status, reply)
+    end = wait_job_end(kg, job, timeout=10)
+    assert end["status"] == "interrupted" and time.monotonic() - t0 < 5, end
+    assert any(f"{job} interrupted (in the kernel)" in line for line in kg.log_lines), kg.log_tail(20)
+    # The kernel goes on; a stop of an ended job stops nothing.
+    assert agent_run(kg, kid, "print('next')", "agent-a")["output"] == "next\n"
+    status, reply = interrupt_job(kg, job, agent="agent-a")
+    assert status == 409 and reply["refusal"] == "not_running", reply
+
+    # The kernel side takes kgate_request from kgate only.
+    kc = attach_client(kg, kid)
+    try:
+        msg = kc.session.msg("kgate_request", {"op": "interrupt", "request": "anything"})
+        kc.control_channel.send(msg)
+        r = kc.get_control_msg(timeout=15)
+        while r["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            r = kc.get_control_msg(timeout=15)
+        assert r["msg_type"] == "kgate_reply" and r["content"]["refusal"] == "not_host", r
+    finally:
+        kc.stop_channels()
+
+
+def test_a_stop_sent_as_a_cell_ends_never_lands_in_the_next_cell(kgate_factory):
+    """200 times: the agent's short cell A, a user's cell B queued behind it, and a person's stop
+    of A sent around the moment A ends. B is never interrupted."""
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    kc = attach_client(kg, kid)
+    rng = random.Random(21)
+    outcomes = {"interrupted": 0, "ok": 0, "stale": 0}
+    try:
+        for i in range(200):
+            deadline = time.monotonic() + 10
+            while True:
+                status, rec = agent_execute(kg, kid, "import time\ntime.sleep(0.04)", "agent-a")
+                if status == 200 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)  # the last B's end not yet recorded
+            assert status == 200, rec
+            a = rec["job"]
+            b = kc.execute(f"import time\ntime.sleep(0.03)\nb_{i % 7} = {i}", stop_on_error=False)
+            time.sleep(rng.uniform(0.0, 0.08))
+            status, reply = interrupt_job(kg, a)
+            assert status in (200, 409), (status, reply)
+            if status == 409:
+                assert reply["refusal"] in ("not_running", "not_begun"), reply
+            while True:
+                msg = kc.get_shell_msg(timeout=30)
+                if msg["parent_header"].get("msg_id") == b:
+                    break
+            assert msg["content"]["status"] == "ok", f"iteration {i}: the stop of {a} landed in the next cell: {msg['content']}"
+            end = wait_job_end(kg, a, timeout=10)
+            assert end["status"] in ("ok", "interrupted"), end
+            if end["status"] == "interrupted":
+                assert status == 200, (status, reply, end)
+            outcomes["interrupted" if end["status"] == "interrupted" else ("stale" if status == 409 else "ok")] += 1
+    finally:
+        kc.stop_channels()
+    # The race was really run: stops landed, and stops came too late.
+    assert outcomes["interrupted"] >= 10 and outcomes["ok"] + outcomes["stale"] >= 10, outcomes
