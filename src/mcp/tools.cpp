@@ -32,6 +32,9 @@ constexpr double kSlice = 1.0;            // waits are sliced so cancellation an
 constexpr auto kCreateTimeout = 120s;
 constexpr double kSetupTimeout = 120;
 constexpr auto kInterruptWait = 10s;   // a cancelled task: how long its interrupted cell may take to end
+constexpr int kMaxVerifyCells = 200;     // verify: cells per call (the inputSchema's maxItems)
+constexpr double kDefaultVerifyTimeout = 120;  // verify: seconds per cell
+constexpr std::size_t kVerifyLines = 5, kVerifyLineBytes = 300;  // verify: output shown per cell
 
 json text_block(const std::string& s) { return {{"type", "text"}, {"text", s}}; }
 ToolReply text_reply(const std::string& s, bool is_error = false) {
@@ -243,6 +246,13 @@ const char* kInterruptDesc =
     "its next bytecode, the kernel and its state survive. The reply names the job it stopped. "
     "You may only stop your own jobs; a cell the user is running is theirs to stop.";
 
+const char* kVerifyDesc =
+    "Check that code works from a clean start (Restart & Run All) without touching the working "
+    "kernel: starts a fresh scratch kernel (same kernelspec, environment and working directory, "
+    "startup.py run), runs each cell as its own recorded request, stops at the first error unless "
+    "keep_going, reports each cell (status, first lines of output, the error), then stops the "
+    "scratch kernel. The current kernel and its variables are unchanged.";
+
 const char* kStatusDesc =
     "Describe the connection: the gateway, the current kernel and its state, the job running "
     "on it, which agent holds it, and the command a person can paste in a terminal to attach "
@@ -309,6 +319,26 @@ json Translator::tool_list() const {
       {{"name", "restart"}, {"description", kRestartDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
       {{"name", "interrupt"}, {"description", kInterruptDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
       {{"name", "server_status"}, {"description", kStatusDesc}, {"inputSchema", obj(json::object())}},
+      {{"name", "verify"},
+       {"description", kVerifyDesc},
+       {"inputSchema",
+        obj({{"cells",
+              {{"type", "array"},
+               {"items", {{"type", "string"}}},
+               {"minItems", 1},
+               {"maxItems", kMaxVerifyCells},
+               {"description", "The cells to run in order, each as its own request, as Run All would."}}},
+             {"kernelspec",
+              {{"type", "string"},
+               {"description", "The kernelspec of the scratch kernel; '' = the current kernel's."}}},
+             {"keep_going",
+              {{"type", "boolean"}, {"description", "Run every cell even after one fails (default false: stop at the first error)."}}},
+             {"timeout",
+              {{"type", "number"},
+               {"minimum", 0},
+               {"maximum", kMaxTimeout},
+               {"description", "Seconds each cell may run (default 120, at most 3600); a cell past it is interrupted and fails."}}}},
+            {"cells"})}},
   });
   // MCP's tool annotations (2025-03-26 on): hints a client may use to ask before a call, or to
   // run read-only ones without asking. Titles are for people; the names stay what agents call.
@@ -327,6 +357,8 @@ json Translator::tool_list() const {
       {"restart", {"Restart a kernel (its variables are lost)", false, true, false, false}},
       {"interrupt", {"Interrupt the running cell", false, false, true, false}},
       {"server_status", {"Gateway and kernel status", true, false, true, false}},
+      // Runs code, but in a kernel of its own that it stops: nothing of the working kernel changes.
+      {"verify", {"Run cells in a fresh scratch kernel", false, false, false, true}},
   };
   for (auto& t : tools) {
     const Hints& h = hints.at(t["name"].get<std::string>());
@@ -357,6 +389,7 @@ ToolReply Translator::call(Call& c) {
   if (t == "restart") return restart(c);
   if (t == "interrupt") return interrupt(c);
   if (t == "server_status") return server_status(c);
+  if (t == "verify") return verify(c);
   throw InvalidParams("Unknown tool: " + t);
 }
 
@@ -525,7 +558,7 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
 
 json Translator::run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                           std::string& job, bool& still_running, std::string& refusal,
-                          std::vector<CellOutput>* direct) {
+                          std::vector<CellOutput>* direct, const std::string& job_label) {
   still_running = false;
   auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -564,7 +597,8 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   // input() in an agent's cell: asked of the user through the client (MCP elicitation), when
   // the client can be asked; else the cell's input() raises, and the reply says why.
   const bool can_ask = call && !host && call->ask_client && call->client_capabilities.contains("elicitation");
-  json body = {{"code", code}, {"agent", agent_}, {"label", label()}, {"wait", std::min(timeout, kSlice)},
+  json body = {{"code", code}, {"agent", agent_}, {"label", job_label.empty() ? label() : job_label},
+               {"wait", std::min(timeout, kSlice)},
                {"origin", host ? "host" : "mcp"}, {"digest", true}, {"allow_stdin", can_ask}};
   auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
   json rec = r.json_body();
@@ -767,6 +801,22 @@ static std::string queue_text(const json& model) {
   return s;
 }
 
+json Translator::own_environment(const Endpoint& ep) const {
+  json body = json::object();
+  if (!ep.is_default || !hosting_.send_environment) return body;
+  json env = json::object();
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq != std::string::npos && eq > 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  body["env"] = env;
+  std::error_code ec;
+  auto cwd = std::filesystem::current_path(ec);
+  if (!ec) body["cwd"] = cwd.string();
+  return body;
+}
+
 std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal,
                                       const std::string& launcher) {
   fatal = false;
@@ -787,17 +837,8 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
     std::error_code ec;
     auto cwd = std::filesystem::current_path(ec);
     if (!ec && ep.is_default && hosting_.send_environment) body["cwd"] = cwd.string();
-  } else if (ep.is_default && hosting_.send_environment) {
-    json env = json::object();
-    for (char** e = environ; e && *e; ++e) {
-      std::string kv(*e);
-      auto eq = kv.find('=');
-      if (eq != std::string::npos && eq > 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    body["env"] = env;
-    std::error_code ec;
-    auto cwd = std::filesystem::current_path(ec);
-    if (!ec) body["cwd"] = cwd.string();
+  } else {
+    body = own_environment(ep);
   }
   {
     std::lock_guard lk(mu_);
@@ -1239,6 +1280,129 @@ ToolReply Translator::interrupt(Call& c) {
   else
     text += ". See poll_job('" + job + "').";
   return text_reply(text);
+}
+
+namespace {
+
+// The first kVerifyLines lines of `text` (each cut at kVerifyLineBytes), indented, and how many
+// more there were.
+std::string first_lines(const std::string& text) {
+  std::string out;
+  std::size_t shown = 0, i = 0, total = 0;
+  while (i < text.size()) {
+    auto nl = text.find('\n', i);
+    if (nl == std::string::npos) nl = text.size();
+    ++total;
+    if (shown < kVerifyLines) {
+      std::string line = text.substr(i, std::min(nl - i, kVerifyLineBytes));
+      out += "      " + line + (nl - i > kVerifyLineBytes ? " …" : "") + "\n";
+      ++shown;
+    }
+    i = nl + 1;
+  }
+  if (total > shown) out += "      … (" + std::to_string(total - shown) + " more lines)\n";
+  return out;
+}
+
+}  // namespace
+
+// verify: "Restart & Run All" in a scratch kernel, so the working kernel is never touched.
+ToolReply Translator::verify(Call& c) {
+  std::vector<std::string> cells;
+  for (const auto& v : c.arguments.at("cells")) cells.push_back(v.get<std::string>());
+  const bool keep_going = c.arguments.value("keep_going", false);
+  const double timeout = num_arg(c.arguments, "timeout", kDefaultVerifyTimeout);
+  std::string spec = str_arg(c.arguments, "kernelspec");
+  std::optional<Current> cur = current();
+  Endpoint ep;
+  std::string error;
+  if (!endpoint_for("", cur, ep, error)) return text_reply(error, true);
+  auto http = client(ep);
+  auto api = http->get("api", 10s);
+  if (api.status != 200) return text_reply("cannot reach the gateway at " + ep.url + ": " + api.message(), true);
+  const json apij = api.json_body();
+  if (!(apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate")))
+    return text_reply("verify needs a kgate gateway (it records each cell); " + ep.url + " is not one.", true);
+  if (spec.empty() && cur && cur->ep.url == ep.url) {
+    auto k = http->get("api/kernels/" + cur->kernel, 10s);
+    if (k.status == 200) spec = k.json_body().value("name", "");
+  }
+  // Like this conversation's auto kernel: its environment and working directory.
+  json body = cur && cur->launcher.size() ? json::object() : own_environment(ep);
+  if (!spec.empty()) body["name"] = spec;
+  auto r = http->post("api/kernels", body, kCreateTimeout);
+  const std::string id = r.status == 201 || r.status == 200 ? r.json_body().value("id", "") : "";
+  if (id.empty()) {
+    if (r.status == 202) {
+      http->request("DELETE", "api/kernels/" + r.json_body().value("id", ""), nullptr, 15s);
+      return text_reply("the scratch kernel was queued (a launcher's job), so nothing ran; verify needs one that starts now.",
+                        true);
+    }
+    return text_reply("could not start a scratch kernel" + (spec.empty() ? "" : " (" + spec + ")") + " on " + ep.url +
+                          ": " + r.message(),
+                      true);
+  }
+  const std::string vid = new_hex_id().substr(0, 8);
+  spdlog::info("verify {}: {} cells in scratch kernel {}", vid, cells.size(), id);
+  Target t{Current{ep, id, false, true, true, "", false}, http};
+  struct StopScratch {  // the scratch kernel never outlives the call, whatever happens
+    std::shared_ptr<HttpClient> http;
+    std::string id;
+    ~StopScratch() { http->request("DELETE", "api/kernels/" + id, nullptr, 15s); }
+  } stop_scratch{http, id};
+
+  std::string head = "verify " + vid + ": a fresh " + (spec.empty() ? std::string("default") : spec) + " kernel (" +
+                     id.substr(0, 8) + ", stopped afterwards; your kernel was not touched)";
+  std::string setup_out, setup_err;
+  if (!run_setup(t, setup_out, setup_err))
+    return text_reply(head + "\nits setup failed, so no cell ran:\n" + setup_err, true);
+  std::string report;
+  std::size_t passed = 0, ran = 0;
+  std::string first_failure;
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    const std::string n = std::to_string(i + 1) + "/" + std::to_string(cells.size());
+    if (c.cancelled) break;
+    std::string job, refusal;
+    bool still = false;
+    json rec = run_cell(t, cells[i], timeout, false, &c, job, still, refusal, nullptr,
+                        label() + " · verify " + vid + " cell " + n);
+    {
+      std::lock_guard lk(calls_mu_);
+      call_jobs_.erase(&c);
+    }
+    ++ran;
+    std::string status = !refusal.empty() ? "refused" : still ? "timeout" : status_of(rec);
+    if (still) {
+      t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
+      status = "timeout";
+    }
+    const bool ok = status == "ok";
+    passed += ok;
+    report += "  cell " + n + " [" + status + (rec.is_object() && rec.contains("elapsed") ? ", " + fmt_seconds(rec.value("elapsed", 0.0)) + " s" : "") +
+              "]" + (job.empty() ? "" : " " + job) + "\n";
+    if (!refusal.empty()) report += "      " + refusal + "\n";
+    if (rec.is_object()) {
+      std::string text = rec.value("output", "");
+      if (rec.contains("result") && rec["result"].is_string()) text += (text.empty() || text.back() == '\n' ? "" : "\n") + rec["result"].get<std::string>();
+      report += first_lines(text);
+      if (rec["error"].is_object())
+        report += "      " + rec["error"].value("ename", std::string("error")) + ": " + rec["error"].value("evalue", "") + "\n";
+    }
+    if (still) report += "      still running after " + fmt_seconds(timeout) + " s: interrupted\n";
+    if (!ok && first_failure.empty()) first_failure = "cell " + n + " " + (status == "error" && rec["error"].is_object()
+                                                                              ? "raised " + rec["error"].value("ename", std::string("an error"))
+                                                                              : status);
+    if (!ok && (!keep_going || !refusal.empty())) break;
+  }
+  const std::size_t not_run = cells.size() - ran;
+  std::string verdict = first_failure.empty() && !c.cancelled
+                            ? "all " + std::to_string(cells.size()) + " cells passed"
+                            : (c.cancelled ? std::string("cancelled") : "FAILED: " + first_failure) + " (" +
+                                  std::to_string(passed) + " of " + std::to_string(cells.size()) + " passed" +
+                                  (not_run ? ", " + std::to_string(not_run) + " not run" : "") + ")";
+  ToolReply out = text_reply(head + "\n" + verdict + "\n" + report);
+  out.is_error = !first_failure.empty();
+  return out;
 }
 
 namespace {

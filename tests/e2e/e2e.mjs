@@ -247,7 +247,7 @@ class Conversation {
 // ---------------------------------------------------------------------------------------------
 
 const EXPECTED_TOOLS = ["connect", "execute", "poll_job", "list_kernels", "stop_kernel", "restart",
-  "interrupt", "server_status"];
+  "interrupt", "server_status", "verify"];
 
 async function connectFresh(conv) {
   const r = await conv.ok("connect", {});

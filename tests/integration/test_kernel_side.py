@@ -7,6 +7,7 @@ which features are off."""
 import json
 import os
 import random
+import re
 import signal
 import time
 
@@ -263,3 +264,53 @@ def test_a_stop_sent_as_a_cell_ends_never_lands_in_the_next_cell(kgate_factory):
         kc.stop_channels()
     # The race was really run: stops landed, and stops came too late.
     assert outcomes["interrupted"] >= 10 and outcomes["ok"] + outcomes["stale"] >= 10, outcomes
+
+
+# ---- kgate-mcp: verify in a scratch kernel, and what server_status says ----
+
+from test_mcp_semantics import Agent  # noqa: E402
+from test_mcp_transcript import mcp_bin  # noqa: E402,F401 (a fixture)
+
+
+def kernels(kg):
+    status, _, body = kg.rest("GET", "/api/kernels")
+    assert status == 200, body
+    return {k["id"] for k in body}
+
+
+def test_verify_runs_cells_in_a_scratch_kernel_and_leaves_the_working_one_alone(kgate_factory, mcp_bin, tmp_path):
+    kg = kgate_factory()
+    agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    try:
+        agent.ok("execute", code="import os\nworking = 'mine'\nos.environ['KGATE_VERIFY_MARK'] = 'set'")
+        status = agent.ok("server_status")
+        assert "kernel side: on (shutdown_guard, silent_echo, stop)" in status, status
+        kid = re.search(r"kernel: ([0-9a-f-]{36})", status).group(1)
+        before = kernels(kg)
+
+        text = agent.ok("verify", cells=["a = 40", "b = a + 2\nprint('b is', b)", "b"])
+        assert "all 3 cells passed" in text and "your kernel was not touched" in text, text
+        assert "b is 42" in text and "42" in text.split("cell 3/3")[1], text
+        # A clean start: the working kernel's names are not there; its own are not kept.
+        text = agent.error("verify", cells=["print(working)"])
+        assert "FAILED: cell 1/1 raised NameError" in text and "NameError: name 'working' is not defined" in text, text
+        # The first error stops the run unless keep_going.
+        text = agent.error("verify", cells=["x = 1", "1/0", "print('after')"])
+        assert "ZeroDivisionError" in text and "2 of 3 passed" not in text and "1 not run" in text, text
+        assert "cell 3/3" not in text, text
+        text = agent.error("verify", cells=["x = 1", "1/0", "print('after')"], keep_going=True)
+        assert "2 of 3 passed" in text and "after" in text, text
+        # A cell past its timeout is interrupted and fails.
+        text = agent.error("verify", cells=["import time\ntime.sleep(30)"], timeout=1)
+        assert "timeout" in text and "interrupted" in text, text
+
+        # Every scratch kernel is gone, the working kernel is untouched.
+        assert wait_until(lambda: kernels(kg) == before, 15), (kernels(kg), before)
+        assert agent.ok("execute", code="print(working, os.environ['KGATE_VERIFY_MARK'])").startswith("mine set")
+        # Each cell was recorded, under the verification's label.
+        status_, _, jobs = kg.rest("GET", "/api/kgate/jobs")
+        labels = [j.get("label") or "" for j in jobs["jobs"]]
+        assert sum(" · verify " in lab for lab in labels) >= 10, labels
+        assert kid in kernels(kg)
+    finally:
+        agent.exit()

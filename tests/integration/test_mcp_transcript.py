@@ -29,7 +29,8 @@ from conftest import die_with_parent
 REPO = Path(__file__).resolve().parents[2]
 REPLY_TIMEOUT = 5.0
 EXIT_TIMEOUT = 1.0  # "exit promptly on stdin EOF"
-TOOLS = {"connect", "execute", "poll_job", "list_kernels", "stop_kernel", "restart", "interrupt", "server_status"}
+TOOLS = {"connect", "execute", "poll_job", "list_kernels", "stop_kernel", "restart", "interrupt", "server_status",
+         "verify"}
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 MODERN = "2026-07-28"
 

@@ -73,6 +73,7 @@ class Translator final : public ToolHandler {
   ToolReply restart(Call& c);
   ToolReply interrupt(Call& c);
   ToolReply server_status(Call& c);
+  ToolReply verify(Call& c);
 
   std::shared_ptr<HttpClient> client(const Endpoint& ep);
   std::optional<Current> current();  // a copy of the pointer
@@ -94,8 +95,13 @@ class Translator final : public ToolHandler {
   bool run_setup(const Target& t, std::string& output, std::string& error);
   // Runs code as the agent (kgate) or directly on the websocket (stock server) and waits.
   // `direct` gets the outputs on a stock server (which keeps no records).
+  // `label`: the job's label instead of this conversation's (a verification's cells).
   json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
-                std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct);
+                std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct,
+                const std::string& label = "");
+  // A new kernel's POST /api/kernels body on the default endpoint: this conversation's
+  // environment and working directory (when the hosting sends them), as an auto kernel gets.
+  json own_environment(const Endpoint& ep) const;
   // The cell of `job` asks for input (`request`: its record's input_request): asks the user
   // through the client (elicitation) and answers it, or interrupts the cell. Returns a note for
   // the reply ("" when answered).
