@@ -272,7 +272,12 @@ void get_jobs(Server& server, const Request& req, const std::string& query, Resp
     r.error(http::status::service_unavailable, "Too many requests are waiting on jobs; try again");
 }
 
-void post_execute(Server& server, const Request& req, const std::string& id, Respond respond) {
+// A background execute on a kernel whose kernel side has not answered its install yet (a kernel
+// that became ready a moment ago): looked at again every kSideRecheck, kSideRechecks times at most.
+constexpr auto kSideRecheck = std::chrono::milliseconds(25);
+constexpr int kSideRechecks = 200;
+
+void post_execute(Server& server, const Request& req, const std::string& id, Respond respond, int side_waits = 0) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
@@ -294,6 +299,13 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
     if (!it->is_boolean()) err = "\"allow_stdin\" must be true or false";
     else allow_stdin = it->get<bool>();
   }
+  // A background task (DEV.md §14): the code runs on a worker thread of the kernel, as its own
+  // job that no cell ends; execute is refused while it runs.
+  bool background = false;
+  if (auto it = body.j.find("background"); it != body.j.end()) {
+    if (!it->is_boolean()) err = "\"background\" must be true or false";
+    else background = it->get<bool>();
+  }
   if (!err.empty()) return r.error(http::status::bad_request, err);
   if (!code) return r.error(http::status::bad_request, "\"code\" is required");
   if (!agent || agent->empty())
@@ -309,10 +321,30 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
   if (k->execution_state() == "dead")
     return r.error(http::status::conflict, "The kernel is dead (" + k->model().reason + "); restart it",
                    {{"refusal", "dead"}, {"running_job", nullptr}});
+  if (background && k->kernel_side().is_null() && side_waits < kSideRechecks) {
+    auto timer = std::make_shared<net::steady_timer>(server.ioc(), kSideRecheck);
+    auto again = std::make_shared<Request>(req);
+    timer->async_wait([&server, timer, again, id, r, side_waits](const boost::system::error_code& ec) {
+      if (ec) return r.error(http::status::service_unavailable, "kgate is stopping");
+      post_execute(server, *again, id, r.respond, side_waits + 1);
+    });
+    return;
+  }
+  if (background && !kernel_side_has(k->kernel_side(), "tasks")) {
+    json side = k->kernel_side();
+    std::string why = side.is_object() && side["features"].is_object() && side["features"]["tasks"].is_string()
+                          ? side["features"]["tasks"].get<std::string>()
+                          : std::string("its kernel side is not installed yet");
+    return r.error(http::status::conflict, "This kernel cannot run background tasks: " + why,
+                   {{"refusal", "no_tasks"}, {"running_job", nullptr}});
+  }
+  if (background && allow_stdin)
+    return r.error(http::status::bad_request, "\"allow_stdin\" is for cells: a background task has no stdin");
   AgentRef a{*agent, label.value_or("")};
+  const std::string wire = background ? kernel_side_task_code(*code) : std::string();
   auto out = server.jobs().submit(id, a, std::move(*code), origin,
                                   [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); },
-                                  allow_stdin);
+                                  allow_stdin, wire);
   if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
   respond_job_when_done(server, out.job, *wait, r, digest);
 }

@@ -453,7 +453,7 @@ void JobStore::end_locked(Job& j, JobStatus status, std::string note) {
   add_bytes(before, j);
   dirty_locked(j);
   finished_locked(j);
-  close_earlier_locked(j, j.began ? j.t_began : j.t_created);
+  if (!j.task) close_earlier_locked(j, j.began ? j.t_began : j.t_created);  // a task runs beside the cells
 }
 
 void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
@@ -464,7 +464,7 @@ void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
     auto it = jobs_.find(n);
     if (it == jobs_.end()) continue;
     Job& other = it->second;
-    if (&other == &j || other.kernel != j.kernel || !other.running() || !other.began) continue;
+    if (&other == &j || other.kernel != j.kernel || !other.running() || !other.began || other.task) continue;
     if (other.t_began > since) continue;  // began after this one: it is the next cell
     end_locked(other, JobStatus::end_not_recorded, std::string(kEndLost));
   }
@@ -589,7 +589,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
           changed_locked();
           dirty_locked(*j);
           close_earlier_locked(*j, j->t_began);
-        } else if (state && *state == "idle" && j->running()) {
+        } else if (state && *state == "idle" && j->running() && !j->task) {
           JobStatus st = JobStatus::ok;
           if (j->ename == "KeyboardInterrupt") st = JobStatus::interrupted;
           else if (!j->ename.empty() || j->reply_status == "error") st = JobStatus::error;
@@ -649,6 +649,48 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       }
     }
     if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
+  }
+  notify();
+}
+
+void JobStore::on_kernel_side_event(const KernelPtr& kernel, const json& content) {
+  if (!limits_.enabled || !content.is_object()) return;
+  const std::string event = str_value(content, "event");
+  const std::string request = str_value(content, "request");
+  if ((event != "task_start" && event != "task_end") || request.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    Job* j = by_request_locked(request);
+    if (event == "task_start") {
+      // Tasks run one at a time: a task still running here lost its end.
+      std::vector<std::uint64_t> running(running_.begin(), running_.end());
+      for (auto n : running)
+        if (auto it = jobs_.find(n); it != jobs_.end() && it->second.task && it->second.kernel == kernel->id() &&
+                                     &it->second != j)
+          end_locked(it->second, JobStatus::end_not_recorded, std::string(kEndLost));
+      if (!j) return;  // a starting cell kgate has no record of
+      j->task = true;
+      if (!j->began) {
+        j->began = true;
+        j->t_began = Clock::now();
+        j->began_at = iso_now();
+      }
+      changed_locked();
+      dirty_locked(*j);
+    } else if (j && j->task && j->running()) {
+      const std::string status = str_value(content, "status");
+      std::size_t before = j->bytes();
+      if (status != "ok") {
+        j->ename = valid_utf8(str_value(content, "ename"));
+        j->evalue = plain_text(str_value(content, "evalue"));
+        j->traceback.clear();
+        if (auto tb = content.find("traceback"); tb != content.end() && tb->is_array())
+          for (const auto& line : *tb)
+            if (line.is_string()) j->traceback.push_back(plain_text(line.get<std::string>()));
+      }
+      add_bytes(before, *j);
+      end_locked(*j, status == "ok" ? JobStatus::ok : status == "interrupted" ? JobStatus::interrupted : JobStatus::error);
+    }
   }
   notify();
 }
@@ -888,7 +930,8 @@ static std::string grace_text(const ClaimView& h) {
 }
 
 Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
-                         JobOrigin origin, const std::function<void(ClientMessage)>& send, bool allow_stdin) {
+                         JobOrigin origin, const std::function<void(ClientMessage)>& send, bool allow_stdin,
+                         const std::string& wire_code) {
   Outcome out;
   make_valid_utf8(code);  // it is recorded and sent as JSON (from HTTP it is valid already)
   if (!limits_.enabled) {
@@ -921,7 +964,10 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
       out.refusal = Refusal::busy;
       out.running_job = r->id();
       bool own = r->origin != JobOrigin::user && r->agent == agent.agent;
-      out.message = own ? r->id() + " (yours) is still running on this kernel; wait for it or stop it "
+      out.message = r->task ? r->id() + (own ? " (yours)" : "") +
+                                  ", a background task, is running on this kernel; execute is refused while it "
+                                  "runs: wait for it (poll_job) or stop it (interrupt)."
+                    : own ? r->id() + " (yours) is still running on this kernel; wait for it or stop it "
                               "before starting another."
                         : "The " + std::string(r->origin == JobOrigin::user ? "user" : "other agent") +
                               " is running a cell (" + r->id() + ") in this kernel. Only one job runs "
@@ -943,7 +989,10 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
 
     json header = make_header("execute_request", session_);
     std::string msg_id = header["msg_id"].get<std::string>();
-    json content = {{"code", code},          {"silent", false},         {"store_history", true},
+    // A background task's starting cell is kgate's call, not the agent's code: kept out of the
+    // kernel's history.
+    json content = {{"code", wire_code.empty() ? code : wire_code}, {"silent", false},
+                    {"store_history", wire_code.empty()},
                     {"user_expressions", json::object()}, {"allow_stdin", allow_stdin},
                     {"stop_on_error", false}};
     Job& j = create_locked(kernel, origin, msg_id, code);

@@ -890,6 +890,7 @@ void KernelManager::Impl::kernel_side_event(KernelIo& k, const KernelMessage& m)
                  who["session"].get<std::string>(), who["username"].get<std::string>());
     k.kernel->add_refused(std::move(who));
   }
+  for (auto* o : observers) o->on_kernel_side_event(k.kernel, content);
 }
 
 void KernelManager::Impl::release_shell(KernelIo& k) {

@@ -41,6 +41,10 @@ json kernel_side_off(const std::string& reason) {
   return {{"installed", false}, {"reason", reason}, {"features", features}};
 }
 
+std::string kernel_side_task_code(const std::string& code) {
+  return "__import__('sys').modules['" + std::string(kModule) + "'].start_task(" + json(code).dump() + ")";
+}
+
 bool kernel_side_has(const json& state, std::string_view feature) {
   if (!state.is_object()) return false;
   const auto f = state.find("features");

@@ -108,6 +108,9 @@ struct Job {
     std::string header;  // the input_request's header: the input_reply's parent
   };
   std::optional<PendingInput> input;
+  // A background task (DEV.md §14): its starting cell's request announced it (task_start), so
+  // its end is the task's (task_end), never the starting cell's idle, and no cell ends it.
+  bool task = false;
 
   std::string id() const { return "job-" + std::to_string(n); }
   bool running() const { return status == JobStatus::running; }
@@ -216,8 +219,11 @@ class JobStore final : public KernelObserver {
   // Runs `code` as `agent`: refused while anything runs on the kernel or another live agent holds
   // it; else records the job, takes the claim and calls `send` with the execute_request, all under
   // the store's lock.
+  // `wire_code`: what the execute_request carries instead of `code` (a background task's
+  // starting cell); "" = `code`.
   Outcome submit(const std::string& kernel, const AgentRef& agent, std::string code, JobOrigin origin,
-                 const std::function<void(ClientMessage)>& send, bool allow_stdin = false);
+                 const std::function<void(ClientMessage)>& send, bool allow_stdin = false,
+                 const std::string& wire_code = "");
   // Answers the input() that `job` (an agent's cell run with allow_stdin) waits on: `send` gets
   // the input_reply (stdin channel), under the lock. Refused: no such job, it is not running or
   // asks for nothing, or `agent` is not the job's.
@@ -283,6 +289,7 @@ class JobStore final : public KernelObserver {
   // KernelObserver: the kernel's history, asked for when it was re-adopted.  Cells it ran that
   // the records do not hold ran while kgate was away: they are recorded as user jobs.
   void on_kernel_readopted(const KernelPtr& kernel, const std::string& history_reply) override;
+  void on_kernel_side_event(const KernelPtr& kernel, const json& content) override;
 
  private:
   struct Agent {

@@ -79,6 +79,9 @@ class KernelObserver {
   // request (range, this session, with output): `history_reply` is the reply's content.  The
   // shell answers only once the cell it ran at the re-adoption, if any, has ended.
   virtual void on_kernel_readopted(const KernelPtr&, const std::string& /*history_reply*/) {}
+  // kgate's kernel side announced something on iopub (a kgate_event, DEV.md §14): its content.
+  // Such messages go to observers only through here, never to clients.
+  virtual void on_kernel_side_event(const KernelPtr&, const json& /*content*/) {}
 };
 
 struct KernelModel {

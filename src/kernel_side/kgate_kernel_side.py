@@ -17,6 +17,12 @@
 #   is `request` still runs its code, and only then sends SIGINT to the main thread (not the
 #   process group): the stop lands in that cell, or in the lock wait that ends it (where it is
 #   absorbed), never in the next cell. A stale id stops nothing, and the reply names what runs.
+# - tasks: start_task(code), sent by kgate for the agent's execute(background=true), runs the
+#   code on a worker thread in the user's namespace, one task at a time. The task is announced
+#   on iopub (kgate_event task_start, then task_end with how it ended), and what the task thread
+#   prints goes out as stream messages under the starting request, so kgate files it under the
+#   task. The stop above raises KeyboardInterrupt in the task's thread
+#   (PyThreadState_SetAsyncExc) when `request` names the task.
 # A part that cannot be installed is reported off, with the reason; the others still work.
 #
 # ipykernel internals relied on (ipykernel 6.17 on Debian 12, and later 6.x):
@@ -29,12 +35,15 @@
 # - IPython's pre_execute and post_execute events, which bracket every run_cell, silent or not;
 # - SIGINT raises KeyboardInterrupt in the main thread while a request is handled (ipykernel's
 #   pre_handler_hook), and a blocked threading.Lock.acquire is interrupted by it.
+import ctypes
 import inspect
 import json
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 
 VERSION = 1
 MODULE = "kgate_kernel_side"
@@ -131,6 +140,70 @@ def _cell_ends():
             continue
 
 
+# The background task: {"request", "thread"}, under _lock. _local.parent is set in its thread.
+_task = None
+_local = threading.local()
+
+
+def _route(kernel, name):
+    # A task thread's writes go out under its starting request; every other thread's as before.
+    stream = getattr(sys, name, None)
+    original = getattr(stream, "write", None)
+    if original is None:
+        return False
+
+    def write(text):
+        parent = getattr(_local, "parent", None)
+        if parent is None:
+            return original(text)
+        if text:
+            kernel.session.send(kernel.iopub_socket, "stream", {"name": name, "text": text}, parent=parent,
+                                ident=kernel._topic("stream"))
+        return len(text)
+    stream.write = write
+    return True
+
+
+def _task_body(kernel, compiled, parent, request):
+    global _task
+    _local.parent = parent
+    end = {"event": "task_end", "request": request, "status": "ok"}
+    try:
+        exec(compiled, _state["shell"].user_ns)
+    except KeyboardInterrupt:
+        end.update(status="interrupted", ename="KeyboardInterrupt", evalue="", traceback=[])
+    except BaseException as e:  # noqa: BLE001 (the task's own error, reported as its end)
+        end.update(status="error", ename=type(e).__name__, evalue=str(e),
+                   traceback=traceback.format_exception(type(e), e, e.__traceback__)[1:])
+    finally:
+        _local.parent = None
+        while True:  # a stop that comes as the task ends lands here: absorbed
+            try:
+                with _lock:
+                    _task = None
+                break
+            except KeyboardInterrupt:
+                continue
+        _publish(kernel, end, parent)
+
+
+def start_task(code):
+    """Runs `code` on a worker thread as kgate's background task (the starting cell returns)."""
+    global _task
+    kernel = _state["kernel"]
+    parent = kernel.get_parent("shell")
+    request = parent["header"]["msg_id"]
+    compiled = compile(code, "<background task>", "exec")
+    with _lock:
+        if _task is not None:
+            raise RuntimeError("a background task already runs (one at a time); stop it or wait for it")
+        thread = threading.Thread(target=_task_body, args=(kernel, compiled, parent, request),
+                                  name="kgate-task", daemon=True)
+        _task = {"request": request, "thread": thread}
+    _publish(kernel, {"event": "task_start", "request": request, "code": code}, parent)
+    thread.start()
+
+
 def _stop(kernel):
     main = threading.main_thread().ident
 
@@ -143,11 +216,16 @@ def _stop(kernel):
             request = content.get("request")
             with _lock:
                 running = _cell
+                task = _task["request"] if _task else None
                 if request and request == running:
                     signal.pthread_kill(main, signal.SIGINT)
                     reply = {"status": "ok", "interrupted": request}
+                elif request and request == task and _task["thread"].ident is not None:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(_task["thread"].ident),
+                                                               ctypes.py_object(KeyboardInterrupt))
+                    reply = {"status": "ok", "interrupted": request}
                 else:
-                    reply = {"status": "error", "refusal": "not_running", "running": running}
+                    reply = {"status": "error", "refusal": "not_running", "running": running or task}
         elif op == "hello":
             reply = {"status": "ok", "version": VERSION, "running": _cell}
         else:
@@ -177,7 +255,7 @@ def install(host):
     if kernel is None or not isinstance(getattr(kernel, "shell_handlers", None), dict):
         raise RuntimeError("not an ipykernel kernel: no shell_handlers to patch")
     features, off = [], {}
-    _state = {"host": host, "kernel": kernel, "features": features, "off": off}
+    _state = {"host": host, "kernel": kernel, "shell": shell, "features": features, "off": off}
 
     def need(*names):
         missing = [n for n in names if not hasattr(kernel, n)]
@@ -210,4 +288,12 @@ def install(host):
         features.append("stop")
     else:
         off["stop"] = why
+    if "stop" not in features:
+        off["tasks"] = "needs the stop"
+    elif not hasattr(ctypes, "pythonapi"):
+        off["tasks"] = "no ctypes.pythonapi (PyThreadState_SetAsyncExc)"
+    elif not (_route(kernel, "stdout") and _route(kernel, "stderr")):
+        off["tasks"] = "sys.stdout or sys.stderr cannot be routed per thread"
+    else:
+        features.append("tasks")
     return report()

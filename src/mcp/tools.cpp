@@ -32,6 +32,7 @@ constexpr double kSlice = 1.0;            // waits are sliced so cancellation an
 constexpr auto kCreateTimeout = 120s;
 constexpr double kSetupTimeout = 120;
 constexpr auto kInterruptWait = 10s;   // a cancelled task: how long its interrupted cell may take to end
+constexpr double kBackgroundWait = 1;   // execute(background): how long the reply waits for a quick task
 constexpr int kMaxVerifyCells = 200;     // verify: cells per call (the inputSchema's maxItems)
 constexpr double kDefaultVerifyTimeout = 120;  // verify: seconds per cell
 constexpr std::size_t kVerifyLines = 5, kVerifyLineBytes = 300;  // verify: output shown per cell
@@ -302,7 +303,12 @@ json Translator::tool_list() const {
                {"minimum", 0},
                {"maximum", kMaxTimeout},
                {"description", "Seconds to wait before returning a job id (default 30, at most 3600)."}}},
-             {"kernel", kernel_prop()}},
+             {"kernel", kernel_prop()},
+             {"background",
+              {{"type", "boolean"},
+               {"description", "Run the code on a worker thread of the kernel as a background task (one at a time): "
+                               "the reply names its job at once; execute is refused until it ends; poll_job follows "
+                               "it and interrupt(job=...) stops it."}}}},
             {"code"})}},
       {{"name", "poll_job"},
        {"description", kPollDesc},
@@ -317,7 +323,11 @@ json Translator::tool_list() const {
       {{"name", "list_kernels"}, {"description", kListDesc}, {"inputSchema", obj({{"host", host}})}},
       {{"name", "stop_kernel"}, {"description", kStopDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
       {{"name", "restart"}, {"description", kRestartDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
-      {{"name", "interrupt"}, {"description", kInterruptDesc}, {"inputSchema", obj({{"kernel", kernel_prop()}})}},
+      {{"name", "interrupt"},
+       {"description", kInterruptDesc},
+       {"inputSchema",
+        obj({{"kernel", kernel_prop()},
+             {"job", {{"type", "string"}, {"description", "The job to stop (job-N); '' = the kernel's running job."}}}})}},
       {{"name", "server_status"}, {"description", kStatusDesc}, {"inputSchema", obj(json::object())}},
       {{"name", "verify"},
        {"description", kVerifyDesc},
@@ -558,10 +568,14 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
 
 json Translator::run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                           std::string& job, bool& still_running, std::string& refusal,
-                          std::vector<CellOutput>* direct, const std::string& job_label) {
+                          std::vector<CellOutput>* direct, const std::string& job_label, bool background) {
   still_running = false;
   auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  if (background && !t.cur.kgate) {
+    refusal = "background tasks need a kgate gateway (its kernel side runs them); this one is a stock server";
+    return json();
+  }
   if (!t.cur.kgate) {
     // A stock Jupyter server: the cell goes straight over the kernel's websocket.
     if (!channel_.is_open() || channel_.kernel() != t.cur.kernel) {
@@ -599,7 +613,8 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   const bool can_ask = call && !host && call->ask_client && call->client_capabilities.contains("elicitation");
   json body = {{"code", code}, {"agent", agent_}, {"label", job_label.empty() ? label() : job_label},
                {"wait", std::min(timeout, kSlice)},
-               {"origin", host ? "host" : "mcp"}, {"digest", true}, {"allow_stdin", can_ask}};
+               {"origin", host ? "host" : "mcp"}, {"digest", true}, {"allow_stdin", can_ask && !background}};
+  if (background) body["background"] = true;
   auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
   json rec = r.json_body();
   if (r.status != 200) {
@@ -983,7 +998,9 @@ ToolReply Translator::execute(Call& c) {
   if (code_it == c.arguments.end() || !code_it->is_string()) throw InvalidParams("'code' (a string) is required");
   std::string code = code_it->get<std::string>();
   // As a task nothing waits on the reply: the cell gets the longest timeout unless one is given.
+  const bool background = c.arguments.value("background", false);
   double timeout = num_arg(c.arguments, "timeout", c.task ? kMaxTimeout : kDefaultTimeout);
+  if (background) timeout = std::min(timeout, kBackgroundWait);
   if (code.find_first_not_of(" \t\r\n") == std::string::npos) return text_reply("(no code: nothing ran)");
   std::string banner;
   std::optional<Target> t;
@@ -1020,7 +1037,7 @@ ToolReply Translator::execute(Call& c) {
   bool still = false;
   std::vector<CellOutput> direct;
   const bool watched = t->cur.kgate && channel_.is_open() && channel_.kernel() == t->cur.kernel;
-  json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct);
+  json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct, "", background);
   {
     std::lock_guard lk(calls_mu_);
     call_jobs_.erase(&c);
@@ -1037,7 +1054,13 @@ ToolReply Translator::execute(Call& c) {
   // Every output in order, from the kernel's websocket (records keep no display_data).
   std::vector<CellOutput> outs = !t->cur.kgate ? direct : job_outputs(channel_, rec, watched);
   if (!t->cur.kgate && still) job = "the cell";
-  if (still) {
+  if (still && background) {
+    std::string partial = render_text(outs);
+    content.push_back(text_block(banner + job + " runs in the background (a task on a worker thread of the kernel). "
+                                 "execute is refused until it ends; poll_job('" + job + "') follows it, and "
+                                 "interrupt(job='" + job + "') stops it.\nOutput so far:\n" +
+                                 (partial.empty() ? "(none yet)" : partial)));
+  } else if (still) {
     std::string partial = render_text(outs);
     content.push_back(text_block(banner + job + " is still running after " + fmt_seconds(timeout) +
                                  " s. Poll it with poll_job('" + job + "') (it waits for the end), or stop it with "
@@ -1255,9 +1278,10 @@ ToolReply Translator::interrupt(Call& c) {
   auto k = t->http->get("api/kgate/kernels/" + t->cur.kernel);
   if (k.status != 200) return text_reply("cannot read kernel " + t->cur.kernel + ": " + k.message(), true);
   json kj = k.json_body();
-  if (!kj.contains("running_job") || !kj["running_job"].is_string())
+  std::string job = str_arg(c.arguments, "job");  // a background task beside a user's cell, say
+  if (job.empty() && (!kj.contains("running_job") || !kj["running_job"].is_string()))
     return text_reply("nothing is running on kernel " + short_id(t->cur.kernel) + ": there is nothing to interrupt", true);
-  std::string job = kj["running_job"].get<std::string>();
+  if (job.empty()) job = kj["running_job"].get<std::string>();
   auto r = t->http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
   if (r.status != 200) return text_reply(sentence(r.message()), true);
   // The reply waits for the end, so the next execute is not refused by the job it stopped.

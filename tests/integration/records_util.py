@@ -27,9 +27,11 @@ def records_config(tmp_path, **records):
 # REST calls
 # --------------------------------------------------------------------------
 
-def agent_execute(kg, kid, code, agent, label=None, wait=None, origin=None, timeout=60):
+def agent_execute(kg, kid, code, agent, label=None, wait=None, origin=None, timeout=60, background=None):
     """POST /api/kgate/kernels/{id}/execute; returns (status, body)."""
     body = {"code": code, "agent": agent}
+    if background is not None:
+        body["background"] = background
     if label is not None:
         body["label"] = label
     if wait is not None:

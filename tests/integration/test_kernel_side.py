@@ -15,7 +15,7 @@ from conftest import Kgate, wait_until
 from records_util import (agent_execute, agent_run, attach_client, digest, get_job, interrupt_job, kgate_kernel,
                           list_jobs, wait_for_job, wait_job_end)
 
-FEATURES = {"shutdown_guard", "silent_echo", "stop"}
+FEATURES = {"shutdown_guard", "silent_echo", "stop", "tasks"}
 
 
 def kernel_side(kg, kid, timeout=20):
@@ -284,7 +284,7 @@ def test_verify_runs_cells_in_a_scratch_kernel_and_leaves_the_working_one_alone(
     try:
         agent.ok("execute", code="import os\nworking = 'mine'\nos.environ['KGATE_VERIFY_MARK'] = 'set'")
         status = agent.ok("server_status")
-        assert "kernel side: on (shutdown_guard, silent_echo, stop)" in status, status
+        assert "kernel side: on (shutdown_guard, silent_echo, stop, tasks)" in status, status
         kid = re.search(r"kernel: ([0-9a-f-]{36})", status).group(1)
         before = kernels(kg)
 
@@ -312,5 +312,101 @@ def test_verify_runs_cells_in_a_scratch_kernel_and_leaves_the_working_one_alone(
         labels = [j.get("label") or "" for j in jobs["jobs"]]
         assert sum(" · verify " in lab for lab in labels) >= 10, labels
         assert kid in kernels(kg)
+    finally:
+        agent.exit()
+
+
+
+TICKER = "import time\nfor i in range(300):\n    print('tick', i, flush=True)\n    time.sleep(0.1)"
+
+
+def test_a_background_task_is_its_own_job_beside_the_cells(kgate_factory):
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    # Attached first: jupyter_client's wait_for_ready drains iopub until it is quiet.
+    kc = attach_client(kg, kid)
+    status, rec = agent_execute(kg, kid, TICKER, "agent-a", wait=1, background=True)
+    assert status == 200, rec
+    task = rec["job"]
+    assert rec["status"] == "running" and rec["code"] == TICKER and rec["origin"] == "mcp", rec
+    # The agent does not queue: execute is refused while the task runs, naming it.
+    status, reply = agent_execute(kg, kid, "1 + 1", "agent-a")
+    assert status == 409 and reply["refusal"] == "busy" and reply["running_job"] == task, reply
+    assert "background task" in reply["message"], reply
+    # A person's cell runs beside it, and is recorded on its own: no tick in it, and it does not
+    # end the task.
+    try:
+        r = kc.execute_interactive("print('user cell')\nuser_var = 7", timeout=30)
+        assert r["content"]["status"] == "ok", r
+    finally:
+        kc.stop_channels()
+    user = wait_for_job(kg, kid, lambda j: j.get("code", "").startswith("print('user cell')") and j["status"] != "running",
+                        what="the user's cell")
+    assert get_job(kg, user["job"])["output"] == "user cell\n"
+    time.sleep(0.5)
+    rec = get_job(kg, task)
+    assert rec["status"] == "running" and "tick 3" in rec["output"] and "user cell" not in rec["output"], rec
+    # interrupt(job) raises KeyboardInterrupt in the task's thread, and stops nothing else.
+    status, reply = interrupt_job(kg, task, agent="agent-a")
+    assert status == 200, reply
+    end = wait_job_end(kg, task, timeout=10)
+    assert end["status"] == "interrupted", end
+    status, reply = interrupt_job(kg, task, agent="agent-a")
+    assert status == 409 and reply["refusal"] == "not_running", reply
+    after = agent_run(kg, kid, "print(user_var, i > 3)", "agent-a")
+    assert after["status"] == "ok" and after["output"] == "7 True\n", after
+
+    # A task that ends by itself: ok with its output, or error with its traceback.
+    status, rec = agent_execute(kg, kid, "import time\ntime.sleep(0.5)\nbg_result = 6 * 7\nprint('done')", "agent-a",
+                                wait=0, background=True)
+    assert status == 200, rec
+    end = wait_job_end(kg, rec["job"], timeout=15)
+    assert end["status"] == "ok" and end["output"] == "done\n", end
+    assert agent_run(kg, kid, "print(bg_result)", "agent-a")["output"] == "42\n"
+    status, rec = agent_execute(kg, kid, "import time\ntime.sleep(0.3)\n{}['missing']", "agent-a", wait=0,
+                                background=True)
+    end = wait_job_end(kg, rec["job"], timeout=15)
+    assert end["status"] == "error" and end["error"]["ename"] == "KeyError", end
+    assert any("missing" in line for line in end["error"]["traceback"]), end
+    # Code that does not compile fails in its starting cell: no task.
+    status, rec = agent_execute(kg, kid, "def (:", "agent-a", wait=5, background=True)
+    assert status == 200 and rec["status"] == "error" and rec["error"]["ename"] == "SyntaxError", rec
+    assert agent_run(kg, kid, "print('free')", "agent-a")["output"] == "free\n"
+
+
+def test_background_needs_the_kernel_side(kgate_bin, tmp_path_factory):
+    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
+    spec = kg.root / "share" / "kernels" / "echo"
+    spec.mkdir(parents=True)
+    (spec / "echo_kernel.py").write_text(ECHO_KERNEL)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/usr/bin/python3", str(spec / "echo_kernel.py"), "-f", "{connection_file}"],
+        "display_name": "Echo", "language": "text"}))
+    kg.start()
+    try:
+        kid = kg.start_kernel({"name": "echo"})["id"]
+        kernel_side(kg, kid)
+        status, _, reply = kg.rest("POST", f"/api/kgate/kernels/{kid}/execute",
+                                   {"code": "x", "agent": "a", "background": True})
+        assert status == 409 and reply["refusal"] == "no_tasks" and "kgate-test-echo" in reply["message"], reply
+    finally:
+        kg.cleanup_kernels()
+        kg.stop()
+
+
+def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
+    kg = kgate_factory()
+    agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    try:
+        text = agent.ok("execute", code=TICKER, background=True)
+        job = re.search(r"(job-\d+) runs in the background", text).group(1)
+        text = agent.error("execute", code="1 + 1")
+        assert job in text and "background task" in text, text
+        text = agent.ok("poll_job", job=job, wait=1)
+        assert "tick" in text, text
+        text = agent.ok("interrupt", job=job)
+        assert job in text and "interrupted" in text, text
+        assert agent.ok("execute", code="print('after')").startswith("after")
     finally:
         agent.exit()

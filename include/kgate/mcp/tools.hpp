@@ -98,7 +98,7 @@ class Translator final : public ToolHandler {
   // `label`: the job's label instead of this conversation's (a verification's cells).
   json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                 std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct,
-                const std::string& label = "");
+                const std::string& label = "", bool background = false);
   // A new kernel's POST /api/kernels body on the default endpoint: this conversation's
   // environment and working directory (when the hosting sends them), as an auto kernel gets.
   json own_environment(const Endpoint& ep) const;
