@@ -453,12 +453,22 @@ void JobStore::end_locked(Job& j, JobStatus status, std::string note) {
   add_bytes(before, j);
   dirty_locked(j);
   finished_locked(j);
-  if (!j.task) close_earlier_locked(j, j.began ? j.t_began : j.t_created);  // a task runs beside the cells
+  close_earlier_locked(j, j.began ? j.t_began : j.t_created);
+}
+
+void JobStore::begin_locked(Job& j) {
+  j.began = true;
+  j.t_began = Clock::now();
+  j.began_at = iso_now();
+  changed_locked();
+  dirty_locked(j);
+  close_earlier_locked(j, j.t_began);
 }
 
 void JobStore::close_earlier_locked(const Job& j, Clock::time_point since) {
   // Cells run one at a time: any other cell of this kernel that began before `since` has ended.
   // Only running jobs are looked at (a handful), never the whole record.
+  if (j.task) return;  // a task runs beside the cells: it ends none
   std::vector<std::uint64_t> running(running_.begin(), running_.end());
   for (auto n : running) {
     auto it = jobs_.find(n);
@@ -538,14 +548,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
           if (session && *session == session_) return;  // ours, not recorded (already ended)
           j = &create_locked(kernel->id(), JobOrigin::user, m.parent_msg_id, *code);
         }
-        if (!j->began) {
-          j->began = true;
-          j->t_began = Clock::now();
-          j->began_at = iso_now();
-          changed_locked();
-          dirty_locked(*j);
-          close_earlier_locked(*j, j->t_began);
-        }
+        if (!j->began) begin_locked(*j);
         if (auto c = int_field(content, "execution_count")) {
           j->execution_count = *c;
           auto& pk = kernels_[kernel->id()];
@@ -583,12 +586,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         const std::string* state = str_field(content, "execution_state");
         if (state && *state == "busy" && j->running() && !j->began) {
           // Its execute_input was lost, or it is silent (ipykernel echoes no silent cell).
-          j->began = true;
-          j->t_began = Clock::now();
-          j->began_at = iso_now();
-          changed_locked();
-          dirty_locked(*j);
-          close_earlier_locked(*j, j->t_began);
+          begin_locked(*j);
         } else if (state && *state == "idle" && j->running() && !j->task) {
           JobStatus st = JobStatus::ok;
           if (j->ename == "KeyboardInterrupt") st = JobStatus::interrupted;
@@ -670,11 +668,7 @@ void JobStore::on_kernel_side_event(const KernelPtr& kernel, const json& content
           end_locked(it->second, JobStatus::end_not_recorded, std::string(kEndLost));
       if (!j) return;  // a starting cell kgate has no record of
       j->task = true;
-      if (!j->began) {
-        j->began = true;
-        j->t_began = Clock::now();
-        j->began_at = iso_now();
-      }
+      if (!j->began) begin_locked(*j);  // a task closes no cell
       changed_locked();
       dirty_locked(*j);
     } else if (j && j->task && j->running()) {

@@ -321,6 +321,8 @@ class JobStore final : public KernelObserver {
   bool alive_locked(const std::string& agent, Clock::time_point now) const;
   Job& create_locked(const std::string& kernel, JobOrigin origin, std::string request, std::string_view code);
   void end_locked(Job& j, JobStatus status, std::string note = {});
+  // `j` began now (its execute_input, or its first busy): it ends the cells that began before.
+  void begin_locked(Job& j);
   void close_earlier_locked(const Job& j, Clock::time_point since);
   void finished_locked(Job& j);  // bookkeeping of a job that stopped running
   // Ends every running job of `kernel` as `status` (kernel_lost, or culled) with `note`.

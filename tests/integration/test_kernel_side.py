@@ -134,7 +134,8 @@ IPKernelApp.launch_instance(kernel_class=EchoKernel)
 '''
 
 
-def test_a_kernel_without_the_kernel_side_works_with_its_features_off(kgate_bin, tmp_path_factory):
+def kgate_with_echo_kernel(kgate_bin, tmp_path_factory):
+    """A started kgate whose kernelspecs include "echo", a kernel that is not an ipykernel."""
     kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
     spec = kg.root / "share" / "kernels" / "echo"
     spec.mkdir(parents=True)
@@ -142,7 +143,11 @@ def test_a_kernel_without_the_kernel_side_works_with_its_features_off(kgate_bin,
     (spec / "kernel.json").write_text(json.dumps({
         "argv": ["/usr/bin/python3", str(spec / "echo_kernel.py"), "-f", "{connection_file}"],
         "display_name": "Echo", "language": "text"}))
-    kg.start()
+    return kg.start()
+
+
+def test_a_kernel_without_the_kernel_side_works_with_its_features_off(kgate_bin, tmp_path_factory):
+    kg = kgate_with_echo_kernel(kgate_bin, tmp_path_factory)
     try:
         kid = kg.start_kernel({"name": "echo"})["id"]
         side = kernel_side(kg, kid)
@@ -376,14 +381,7 @@ def test_a_background_task_is_its_own_job_beside_the_cells(kgate_factory):
 
 
 def test_background_needs_the_kernel_side(kgate_bin, tmp_path_factory):
-    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
-    spec = kg.root / "share" / "kernels" / "echo"
-    spec.mkdir(parents=True)
-    (spec / "echo_kernel.py").write_text(ECHO_KERNEL)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": ["/usr/bin/python3", str(spec / "echo_kernel.py"), "-f", "{connection_file}"],
-        "display_name": "Echo", "language": "text"}))
-    kg.start()
+    kg = kgate_with_echo_kernel(kgate_bin, tmp_path_factory)
     try:
         kid = kg.start_kernel({"name": "echo"})["id"]
         kernel_side(kg, kid)

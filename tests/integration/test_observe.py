@@ -145,6 +145,21 @@ def test_observe_page(kgate_factory, browser):
                             timeout=10, message="a refused Stop shows no message")
         assert "refused" in msg and sj in msg, f"the refusal is not shown as such: {msg!r}"
 
+        # 5. A verification's cells (kgate-mcp's verify labels them "… · verify ID cell i/n") are
+        # shown under one heading that says how the run went.
+        for i, code in ((1, "v = 1"), (2, "1 / 0")):
+            status, _, body = kg.rest("POST", f"/api/kgate/kernels/{kid}/execute",
+                                      {"code": code, "agent": AGENT, "wait": 10,
+                                       "label": f"e2e · verify abcd1234 cell {i}/3"})
+            assert status == 200, body
+        page.wait_for("(document.querySelector('tr.verify-mark[data-verify=\"abcd1234\"]') || {dataset: {}})"
+                      ".dataset.verdict === 'failed'", timeout=10, message="no heading saying the verification failed")
+        head = page.evaluate("document.querySelector('tr.verify-mark[data-verify=\"abcd1234\"]').textContent")
+        assert "verification abcd1234" in head and "1 of 3 cells passed" in head and "1 not run" in head, head
+        assert page.evaluate("document.querySelectorAll('tr.job.in-verify').length") == 2
+        page.evaluate("document.getElementById('message').hidden = true")
+        page.screenshot(artifacts_dir() / "observe-verify.png")
+
         page.drain_events(0.2)
         assert not page.exceptions, f"JavaScript errors on the page: {page.exceptions}"
     except BaseException:

@@ -111,6 +111,9 @@ def test_a_slurm_kernel_runs_in_its_job_and_is_cancelled_by_delete(kg, slurm):
         assert r.stdout.strip() == job
         # SIGINT to the kernel on the node, through the control link
         assert_interrupts_a_sleep(kg, kid, ws)
+    # kgate's kernel side reaches a launcher's kernel too (DEV.md §14).
+    side = kg.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("kgate_kernel_side") or {}
+    assert side.get("installed") is True and all(v is True for v in side["features"].values()), side
     kg.delete_kernel(kid)
     assert wait_until(lambda: job not in [j for j in slurm.jobs()], 30), slurm.run("squeue").stdout
 
