@@ -19,6 +19,9 @@ namespace {
 constexpr auto kReadTimeout = std::chrono::seconds(300);      // an idle keep-alive connection
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);  // a TLS client that says nothing
 constexpr auto kShutdownTimeout = std::chrono::seconds(5);    // a TLS peer that never answers close_notify
+// An answer in parts whose client does not read: past this many bytes waiting to be written,
+// the connection is closed (the client sees its stream cut short) rather than kgate holding more.
+constexpr std::size_t kMaxQueuedParts = std::size_t{64} << 20;
 }
 
 HttpSession::HttpSession(Stream stream, Server& server) : stream_(std::move(stream)), server_(server) {
@@ -195,6 +198,14 @@ std::shared_ptr<PartsWriter> HttpSession::open_parts(Response head) {
 
 void HttpSession::queue_part(std::string part) {
   if (!parts_.open || parts_.ended || parts_.failed || part.empty()) return;
+  if (parts_.queued.size() + part.size() > kMaxQueuedParts) {
+    spdlog::warn("an answer in parts has {} bytes its client did not read (the limit is {}): its connection is closed",
+                 parts_.queued.size() + part.size(), kMaxQueuedParts);
+    parts_.failed = true;
+    parts_.queued.clear();
+    if (!parts_.writing) do_close();  // else the write in flight fails or ends, and closes then
+    return;
+  }
   parts_.queued += part;
   pump_parts();
 }
@@ -220,7 +231,7 @@ void HttpSession::pump_parts() {
 void HttpSession::on_part_written(beast::error_code ec, std::size_t) {
   parts_.writing = false;
   res_.reset();
-  if (ec) {
+  if (ec || parts_.failed) {
     parts_.failed = true;
     parts_.queued.clear();
     return do_close();

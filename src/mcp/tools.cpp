@@ -243,9 +243,10 @@ const char* kRestartDesc =
     "stale modules).";
 
 const char* kInterruptDesc =
-    "Interrupt the running job of a kernel (default the current one): a KeyboardInterrupt at "
-    "its next bytecode, the kernel and its state survive. The reply names the job it stopped. "
-    "You may only stop your own jobs; a cell the user is running is theirs to stop.";
+    "Interrupt the running job of a kernel (default the current one), or the job named by `job` "
+    "(a background task, say): a KeyboardInterrupt at its next bytecode, the kernel and its state "
+    "survive. The reply names the job it stopped. You may only stop your own jobs; a cell the "
+    "user is running is theirs to stop.";
 
 const char* kVerifyDesc =
     "Check that code works from a clean start (Restart & Run All) without touching the working "
