@@ -408,3 +408,28 @@ def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
         assert agent.ok("execute", code="print('after')").startswith("after")
     finally:
         agent.exit()
+
+
+def test_a_person_stops_a_silent_cell_of_an_attached_client(kgate_factory):
+    """A silent cell is a cell: recorded, and stopped through the kernel side like any other."""
+    kg = kgate_factory()
+    kid = kg.start_kernel()["id"]
+    assert_on(kernel_side(kg, kid))
+    kc = attach_client(kg, kid)
+    try:
+        msg_id = kc.execute("import time\ntime.sleep(30)", silent=True)
+        job = wait_for_job(kg, kid, lambda j: j.get("code") == "import time\ntime.sleep(30)", what="the silent cell")
+        assert job["origin"] == "user", job
+        assert wait_until(lambda: get_job(kg, job["job"])["began"], 10)
+        time.sleep(0.3)
+        status, reply = interrupt_job(kg, job["job"])  # the person at the machine
+        assert status == 200 and reply == {"interrupted": job["job"]}, (status, reply)
+        while True:
+            r = kc.get_shell_msg(timeout=15)
+            if r["parent_header"].get("msg_id") == msg_id:
+                break
+        assert r["content"]["status"] == "error" and r["content"]["ename"] == "KeyboardInterrupt", r["content"]
+    finally:
+        kc.stop_channels()
+    end = wait_job_end(kg, job["job"], timeout=10)
+    assert end["status"] == "interrupted", end
