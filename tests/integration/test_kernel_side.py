@@ -1,8 +1,9 @@
 """kgate's half of the session kernel inside the kernel (issue 21; DEV.md §14): installed into
 every ipykernel kgate launches. Silent cells from clients attached by connection file are
 recorded as the user's; a shutdown_request from anyone but kgate is refused; a stop names its
-cell and never lands in the next one; a kernel without the kernel side works as before and says
-which features are off."""
+cell and never lands in the next one; a background task is its own job beside the cells; verify
+runs cells in a scratch kernel; a kernel without the kernel side works as before and says which
+features are off."""
 
 import json
 import os
@@ -14,6 +15,8 @@ import time
 from conftest import Kgate, wait_until
 from records_util import (agent_execute, agent_run, attach_client, digest, get_job, interrupt_job, kgate_kernel,
                           list_jobs, wait_for_job, wait_job_end)
+from test_mcp_semantics import Agent
+from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
 FEATURES = {"shutdown_guard", "silent_echo", "stop", "tasks"}
 
@@ -30,10 +33,25 @@ def assert_on(side):
     assert side["features"] == {f: True for f in FEATURES}, side
 
 
-def test_silent_foreign_cells_are_recorded_and_empty_ones_are_not(kgate_factory):
+def kgate_with_kernel(kgate_factory):
+    """A kgate and an ipykernel of it with every feature of the kernel side on."""
     kg = kgate_factory()
     kid = kg.start_kernel()["id"]
     assert_on(kernel_side(kg, kid))
+    return kg, kid
+
+
+def reply_to(get, msg, timeout=15):
+    """The reply to `msg` (or to the request with that msg_id) from a channel's get_*_msg."""
+    msg_id = msg if isinstance(msg, str) else msg["header"]["msg_id"]
+    while True:
+        reply = get(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def test_silent_foreign_cells_are_recorded_and_empty_ones_are_not(kgate_factory):
+    kg, kid = kgate_with_kernel(kgate_factory)
     kc = attach_client(kg, kid)
     try:
         # A silent cell runs with full effect: it is the user's cell, silent or not.
@@ -62,24 +80,20 @@ def test_silent_foreign_cells_are_recorded_and_empty_ones_are_not(kgate_factory)
 
 
 def test_a_foreign_shutdown_is_refused_and_the_kernel_lives_on(kgate_factory):
-    kg = kgate_factory()
-    kid = kg.start_kernel()["id"]
-    assert_on(kernel_side(kg, kid))
+    kg, kid = kgate_with_kernel(kgate_factory)
     pid = kg.kernel_pid(kid)
     kc = attach_client(kg, kid)
     try:
         for restart in (False, True):
             msg = kc.session.msg("shutdown_request", {"restart": restart})
             kc.control_channel.send(msg)
-            reply = kc.get_control_msg(timeout=15)
-            while reply["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
-                reply = kc.get_control_msg(timeout=15)
+            reply = reply_to(kc.get_control_msg, msg)
             assert reply["msg_type"] == "shutdown_reply" and reply["content"]["status"] == "error", reply
             assert "kgate" in reply["content"]["evalue"], reply
         # The shell channel's shutdown_request (older clients) is refused too.
         msg = kc.session.msg("shutdown_request", {"restart": False})
         kc.shell_channel.send(msg)
-        reply = kc.get_shell_msg(timeout=15)
+        reply = reply_to(kc.get_shell_msg, msg)
         assert reply["msg_type"] == "shutdown_reply" and reply["content"]["status"] == "error", reply
         time.sleep(0.5)
         r = kc.execute_interactive("alive = 'yes'", timeout=30)
@@ -199,9 +213,7 @@ def test_the_host_is_kept_across_kgates_so_readopted_kernels_obey_the_next(kgate
 
 
 def test_a_stop_interrupts_its_cell_through_the_kernel_side(kgate_factory):
-    kg = kgate_factory()
-    kid = kg.start_kernel()["id"]
-    assert_on(kernel_side(kg, kid))
+    kg, kid = kgate_with_kernel(kgate_factory)
     status, rec = agent_execute(kg, kid, "import time\ntime.sleep(30)", "agent-a")
     assert status == 200, rec
     job = rec["job"]
@@ -222,9 +234,7 @@ def test_a_stop_interrupts_its_cell_through_the_kernel_side(kgate_factory):
     try:
         msg = kc.session.msg("kgate_request", {"op": "interrupt", "request": "anything"})
         kc.control_channel.send(msg)
-        r = kc.get_control_msg(timeout=15)
-        while r["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
-            r = kc.get_control_msg(timeout=15)
+        r = reply_to(kc.get_control_msg, msg)
         assert r["msg_type"] == "kgate_reply" and r["content"]["refusal"] == "not_host", r
     finally:
         kc.stop_channels()
@@ -233,9 +243,7 @@ def test_a_stop_interrupts_its_cell_through_the_kernel_side(kgate_factory):
 def test_a_stop_sent_as_a_cell_ends_never_lands_in_the_next_cell(kgate_factory):
     """200 times: the agent's short cell A, a user's cell B queued behind it, and a person's stop
     of A sent around the moment A ends. B is never interrupted."""
-    kg = kgate_factory()
-    kid = kg.start_kernel()["id"]
-    assert_on(kernel_side(kg, kid))
+    kg, kid = kgate_with_kernel(kgate_factory)
     kc = attach_client(kg, kid)
     rng = random.Random(21)
     outcomes = {"interrupted": 0, "ok": 0, "stale": 0}
@@ -255,10 +263,7 @@ def test_a_stop_sent_as_a_cell_ends_never_lands_in_the_next_cell(kgate_factory):
             assert status in (200, 409), (status, reply)
             if status == 409:
                 assert reply["refusal"] in ("not_running", "not_begun"), reply
-            while True:
-                msg = kc.get_shell_msg(timeout=30)
-                if msg["parent_header"].get("msg_id") == b:
-                    break
+            msg = reply_to(kc.get_shell_msg, b, timeout=30)
             assert msg["content"]["status"] == "ok", f"iteration {i}: the stop of {a} landed in the next cell: {msg['content']}"
             end = wait_job_end(kg, a, timeout=10)
             assert end["status"] in ("ok", "interrupted"), end
@@ -273,8 +278,6 @@ def test_a_stop_sent_as_a_cell_ends_never_lands_in_the_next_cell(kgate_factory):
 
 # ---- kgate-mcp: verify in a scratch kernel, and what server_status says ----
 
-from test_mcp_semantics import Agent  # noqa: E402
-from test_mcp_transcript import mcp_bin  # noqa: E402,F401 (a fixture)
 
 
 def kernels(kg):
@@ -326,9 +329,7 @@ TICKER = "import time\nfor i in range(300):\n    print('tick', i, flush=True)\n 
 
 
 def test_a_background_task_is_its_own_job_beside_the_cells(kgate_factory):
-    kg = kgate_factory()
-    kid = kg.start_kernel()["id"]
-    assert_on(kernel_side(kg, kid))
+    kg, kid = kgate_with_kernel(kgate_factory)
     # Attached first: jupyter_client's wait_for_ready drains iopub until it is quiet.
     kc = attach_client(kg, kid)
     status, rec = agent_execute(kg, kid, TICKER, "agent-a", wait=1, background=True)
@@ -412,9 +413,7 @@ def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
 
 def test_a_person_stops_a_silent_cell_of_an_attached_client(kgate_factory):
     """A silent cell is a cell: recorded, and stopped through the kernel side like any other."""
-    kg = kgate_factory()
-    kid = kg.start_kernel()["id"]
-    assert_on(kernel_side(kg, kid))
+    kg, kid = kgate_with_kernel(kgate_factory)
     kc = attach_client(kg, kid)
     try:
         msg_id = kc.execute("import time\ntime.sleep(30)", silent=True)
@@ -424,10 +423,7 @@ def test_a_person_stops_a_silent_cell_of_an_attached_client(kgate_factory):
         time.sleep(0.3)
         status, reply = interrupt_job(kg, job["job"])  # the person at the machine
         assert status == 200 and reply == {"interrupted": job["job"]}, (status, reply)
-        while True:
-            r = kc.get_shell_msg(timeout=15)
-            if r["parent_header"].get("msg_id") == msg_id:
-                break
+        r = reply_to(kc.get_shell_msg, msg_id)
         assert r["content"]["status"] == "error" and r["content"]["ename"] == "KeyboardInterrupt", r["content"]
     finally:
         kc.stop_channels()
