@@ -35,21 +35,16 @@ std::string serialize(const Response& res, bool whole, beast::error_code& ec) {
   return out;
 }
 
-}  // namespace
-
-void async_write_response(Stream& s, const Response& res, IoHandler done) {
-  beast::error_code ec;
-  // A string body goes out as it is unless it is chunked; then the serializer frames it.
-  const bool chunked = res.chunked();
-  auto head = std::make_shared<std::string>(serialize(res, chunked, ec));
+// Sends `head`, then `body` (kept alive by the caller), on `s`; or reports the serializer's `ec`.
+void send_serialized(Stream& s, const beast::error_code& ec, std::shared_ptr<std::string> head,
+                     net::const_buffer body, IoHandler done) {
   std::visit(
       [&](auto& stream) {
         if (ec) {
           net::post(stream.get_executor(), [ec, done = std::move(done)] { done(ec, 0); });
           return;
         }
-        std::array<net::const_buffer, 2> bytes{net::buffer(*head),
-                                               chunked ? net::const_buffer{} : net::buffer(res.body())};
+        std::array<net::const_buffer, 2> bytes{net::buffer(*head), body};
         net::async_write(stream, bytes, [head, done = std::move(done)](beast::error_code e, std::size_t n) {
           done(e, n);
         });
@@ -57,19 +52,20 @@ void async_write_response(Stream& s, const Response& res, IoHandler done) {
       s);
 }
 
+}  // namespace
+
+void async_write_response(Stream& s, const Response& res, IoHandler done) {
+  beast::error_code ec;
+  // A string body goes out as it is unless it is chunked; then the serializer frames it.
+  const bool chunked = res.chunked();
+  auto head = std::make_shared<std::string>(serialize(res, chunked, ec));
+  send_serialized(s, ec, std::move(head), chunked ? net::const_buffer{} : net::buffer(res.body()), std::move(done));
+}
+
 void async_write_head(Stream& s, const Response& res, IoHandler done) {
   beast::error_code ec;
   auto head = std::make_shared<std::string>(serialize(res, false, ec));
-  std::visit(
-      [&](auto& stream) {
-        if (ec) {
-          net::post(stream.get_executor(), [ec, done = std::move(done)] { done(ec, 0); });
-          return;
-        }
-        net::async_write(stream, net::buffer(*head),
-                         [head, done = std::move(done)](beast::error_code e, std::size_t n) { done(e, n); });
-      },
-      s);
+  send_serialized(s, ec, std::move(head), net::const_buffer{}, std::move(done));
 }
 
 void async_write_chunk(Stream& s, const std::string& data, bool last, IoHandler done) {

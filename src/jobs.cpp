@@ -1,5 +1,6 @@
 // Job records: every cell run in kgate's kernels, built from the protocol, kept in memory.
 #include "kgate/jobs.hpp"
+#include "kgate/kernel_side.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -545,7 +546,8 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
           if (!code || code->empty()) return;  // empty code is never a cell
           json parent = json::parse(m.wire.parent_header, nullptr, false);
           const std::string* session = parent.is_object() ? str_field(parent, "session") : nullptr;
-          if (session && *session == session_) return;  // ours, not recorded (already ended)
+          // Ours (the agent path's session, or kgate's own with a kernel): not recorded here.
+          if (session && is_host_session(*session, session_)) return;
           j = &create_locked(kernel->id(), JobOrigin::user, m.parent_msg_id, *code);
         }
         if (!j->began) begin_locked(*j);

@@ -20,13 +20,16 @@ bool is_host_session(std::string_view session, std::string_view host) {
 json kernel_side_install_request(const std::string& host) {
   // The module is made once per process, in sys.modules, and nothing is left in the user's
   // namespace: the loader runs in a dict of its own. JSON strings are Python string literals.
-  const std::string loader = "import sys, types\nm = types.ModuleType('" + std::string(kModule) +
-                             "')\nexec(compile(" + json(std::string(kKernelSidePy)).dump() + ", '" +
-                             std::string(kModule) + ".py', 'exec'), m.__dict__)\nsys.modules['" +
-                             std::string(kModule) + "'] = m\n";
-  const std::string code = "__import__('sys').modules.get('" + std::string(kModule) + "') or exec(" +
-                           json(loader).dump() + ", {})\n__import__('sys').modules['" + std::string(kModule) +
-                           "'].install(" + json(host).dump() + ")\n";
+  // The same for every kernel but the host: made once.
+  static const std::string load = [] {
+    const std::string loader = "import sys, types\nm = types.ModuleType('" + std::string(kModule) +
+                               "')\nexec(compile(" + json(std::string(kKernelSidePy)).dump() + ", '" +
+                               std::string(kModule) + ".py', 'exec'), m.__dict__)\nsys.modules['" +
+                               std::string(kModule) + "'] = m\n";
+    return "__import__('sys').modules.get('" + std::string(kModule) + "') or exec(" + json(loader).dump() + ", {})\n";
+  }();
+  const std::string code = load + "__import__('sys').modules['" + std::string(kModule) + "'].install(" +
+                           json(host).dump() + ")\n";
   return {{"code", code},
           {"silent", true},
           {"store_history", false},

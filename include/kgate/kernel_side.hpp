@@ -20,7 +20,8 @@ std::string kernel_side_task_code(const std::string& code);
 inline constexpr const char* kHostSessionEnv = "KGATE_HOST_SESSION";
 
 // Whether `session` (a message header's) is the host's: `host` itself, or `host` + "." + more
-// (kgate's per-kernel sessions). The kernel side applies the same rule.
+// (kgate's per-kernel sessions). The kernel side applies the same rule; so does JobStore, which
+// records no cell of kgate's own.
 bool is_host_session(std::string_view session, std::string_view host);
 
 // The content of the silent execute_request that installs the kernel side for `host` (idempotent:
