@@ -216,6 +216,7 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
       } else if (section == "kernel") {
         auto ms = [&](std::chrono::milliseconds& dst) { dst = std::chrono::milliseconds(r.integer(node, full, 0, big)); };
         if (key == "ready_timeout_ms") ms(opts.kernel.ready_timeout);
+        else if (key == "close_grace_ms") ms(opts.kernel.close_grace);
         else if (key == "shutdown_grace_ms") ms(opts.kernel.shutdown_grace);
         else if (key == "terminate_grace_ms") ms(opts.kernel.terminate_grace);
         else if (key == "heartbeat_interval_ms") ms(opts.kernel.heartbeat_interval);

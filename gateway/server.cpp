@@ -330,6 +330,7 @@ void Server::reload() {
   needs_restart(n.default_kernel != opts_.default_kernel, "default_kernel");
   needs_restart(n.max_waiters != opts_.max_waiters, "records.max_waiters");
   needs_restart(n.kernel.ready_timeout != opts_.kernel.ready_timeout ||
+                    n.kernel.close_grace != opts_.kernel.close_grace ||
                     n.kernel.shutdown_grace != opts_.kernel.shutdown_grace ||
                     n.kernel.terminate_grace != opts_.kernel.terminate_grace ||
                     n.kernel.heartbeat_interval != opts_.kernel.heartbeat_interval ||

@@ -297,6 +297,7 @@ struct KernelIo {
   std::string side_install;
   // kgate_requests to the kernel side awaiting their kgate_reply (KernelManager::kernel_side_call).
   std::map<std::string, std::function<void(std::optional<json>)>> side_calls;
+  std::string closing;  // the close sent before this stop's shutdown_request (begin_stop)
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -549,6 +550,8 @@ struct KernelManager::Impl {
   void lifecycle(KernelIo& k, KernelLifecycle ev, const std::string& reason);
   bool interrupt_now(KernelIo& k);
   void begin_stop(KernelIo& k, bool restart);
+  void send_shutdown(KernelIo& k);
+  bool answer_side_call(KernelIo& k, const KernelMessage& m);  // a kgate_reply's waiter: whether one was
   void finish_removal(KernelIo& k);
   // The kernel table (DEV.md §4e): its entry, rewritten when it became ready or was handed out.
   void save_entry(KernelIo& k, bool with_activity = false);
@@ -562,6 +565,10 @@ struct KernelManager::Impl {
 // Launch and readiness
 
 void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
+  // A new process: the last one's kernel side is not this one's (until its install answers,
+  // nothing is sent to it, a close included).
+  k.kernel->set_kernel_side(json());
+  k.side_install.clear();
   if (k.remote()) {
     launch_remote(k);
     return;
@@ -1083,12 +1090,22 @@ void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel 
   }
 }
 
+bool KernelManager::Impl::answer_side_call(KernelIo& k, const KernelMessage& m) {
+  auto call = k.side_calls.find(m.parent_msg_id);
+  if (call == k.side_calls.end()) return false;
+  auto done = std::move(call->second);
+  k.side_calls.erase(call);
+  json content = json::parse(m.wire.content, nullptr, false);
+  done(content.is_object() ? std::optional<json>(std::move(content)) : std::nullopt);
+  return true;
+}
+
 void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&& m) {
   // A culled kernel's clients were told it is dead: what it says while it exits (the busy and
   // idle around shutdown_request, a cell's last output) is not passed on.  Its requests were
   // answered by fail_pending, and shutdown_reply is kgate's own.
   if (k.culled) {
-    if (ch != Channel::iopub) k.internal.erase(m.parent_msg_id);
+    if (ch != Channel::iopub && k.internal.erase(m.parent_msg_id)) answer_side_call(k, m);  // the close's
     return;
   }
   if (ch == Channel::iopub) {
@@ -1142,13 +1159,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       if (k.hold_shell) release_shell(k);
       return;
     }
-    if (auto call = k.side_calls.find(m.parent_msg_id); call != k.side_calls.end()) {
-      auto done = std::move(call->second);
-      k.side_calls.erase(call);
-      json content = json::parse(m.wire.content, nullptr, false);
-      done(content.is_object() ? std::optional<json>(std::move(content)) : std::nullopt);
-      return;
-    }
+    if (answer_side_call(k, m)) return;
     if (!k.side_install.empty() && m.parent_msg_id == k.side_install) {
       k.side_install.clear();
       json side = kernel_side_from_reply(json::parse(m.wire.content, nullptr, false));
@@ -1358,6 +1369,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
     return;
   }
   k.restart_requested = restart;
+  k.closing.clear();  // a close still out for an earlier stop ends nothing now
   fail_pending(k, restart ? "KernelRestarted" : "KernelShutdown",
                restart ? "kgate: the kernel was restarted" : "kgate: the kernel was shut down");
   for (auto& m : k.held) refuse(k, m, "KernelShutdown", "kgate: the kernel was shut down");
@@ -1367,7 +1379,48 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   k.phase = Phase::stopping;
   ++k.epoch;
   if (restart && k.remote()) k.proc.request_relaunch();  // in the same allocation (DEV.md §4f)
-  send_internal(k, Channel::control, "shutdown_request", json{{"restart", restart}});
+  // The graceful close first (DEV.md §14): the kernel side stops the cell and the task that run
+  // and waits for them to end, so the shutdown_request below ends the process normally.  Its
+  // answer, or close_grace and a second without one, sends the shutdown_request.
+  if (opts.close_grace.count() > 0 && kernel_side_has(k.kernel->kernel_side(), "close") && k.sockets_open() &&
+      !k.link_down) {
+    std::string sent = send_internal(k, Channel::control, "kgate_request",
+                                     json{{"op", "close"}, {"wait_ms", opts.close_grace.count()}});
+    if (!sent.empty()) {
+      k.closing = sent;
+      auto closed = [this, id, sent](std::optional<json> answer) {
+        KernelIo* kk = find(id);
+        if (!kk || kk->closing != sent || kk->phase != Phase::stopping) return;
+        kk->closing.clear();
+        if (!answer)
+          spdlog::warn("kernel {}: no answer to the close within {} ms; shutting it down", id,
+                       opts.close_grace.count() + 1000);
+        else if (!answer->value("stopped", json::array()).empty() || !answer->value("still_running", json::array()).empty())
+          spdlog::info("kernel {}: closed; stopped {}, still running {}, after {} ms", id,
+                       answer->value("stopped", json::array()).dump(), answer->value("still_running", json::array()).dump(),
+                       answer->value("waited_ms", 0));
+        send_shutdown(*kk);
+      };
+      k.side_calls.emplace(sent, closed);
+      after(opts.close_grace + std::chrono::seconds(1), [this, id, sent] {
+        KernelIo* kk = find(id);
+        if (!kk) return;
+        auto it = kk->side_calls.find(sent);
+        if (it == kk->side_calls.end()) return;
+        auto late = std::move(it->second);
+        kk->side_calls.erase(it);
+        kk->internal.erase(sent);
+        late(std::nullopt);
+      });
+      return;
+    }
+  }
+  send_shutdown(k);
+}
+
+void KernelManager::Impl::send_shutdown(KernelIo& k) {
+  auto id = k.kernel->id();
+  send_internal(k, Channel::control, "shutdown_request", json{{"restart", k.restart_requested}});
   auto epoch = k.epoch;
   after(opts.shutdown_grace, [this, id, epoch] {
     KernelIo* kk = find(id);
@@ -2786,7 +2839,8 @@ void KernelManager::shutdown_all() {
       c->cv.notify_all();
     });
   }
-  auto bound = impl_->opts.shutdown_grace + impl_->opts.terminate_grace + std::chrono::seconds(2);
+  auto bound = impl_->opts.close_grace + std::chrono::seconds(1) + impl_->opts.shutdown_grace +
+               impl_->opts.terminate_grace + std::chrono::seconds(2);
   std::unique_lock lk(c->mu);
   if (!c->cv.wait_for(lk, bound, [&] { return c->remaining == 0; }))
     spdlog::error("{} kernel(s) did not stop within {} ms", c->remaining, bound.count());

@@ -190,6 +190,7 @@ class Kernel {
 // Per-kernel limits and timeouts.  Defaults are documented in DEV.md.
 struct KernelOptions {
   std::chrono::milliseconds ready_timeout{60000};      // launch -> kernel_info_reply + iopub
+  std::chrono::milliseconds close_grace{2000};         // the kernel side's close: a cell's, a task's end
   std::chrono::milliseconds shutdown_grace{2500};      // shutdown_request -> SIGTERM
   std::chrono::milliseconds terminate_grace{2500};     // SIGTERM -> SIGKILL
   std::chrono::milliseconds heartbeat_interval{1000};  // hb ping period

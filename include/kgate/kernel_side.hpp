@@ -11,7 +11,7 @@
 namespace kgate {
 
 // What the kernel side can do; each is on or off (with the reason) per kernel.
-inline constexpr std::string_view kKernelSideFeatures[] = {"shutdown_guard", "silent_echo", "stop", "tasks"};
+inline constexpr std::string_view kKernelSideFeatures[] = {"shutdown_guard", "silent_echo", "stop", "close", "tasks"};
 
 // The code of the starting cell of a background task running `code` (kgate_kernel_side.start_task).
 std::string kernel_side_task_code(const std::string& code);

@@ -23,6 +23,10 @@
 #   prints goes out as stream messages under the starting request, so kgate files it under the
 #   task. The stop above raises KeyboardInterrupt in the task's thread
 #   (PyThreadState_SetAsyncExc) when `request` names the task.
+# - close: kgate_request {op: "close", wait_ms}, from the host only, sent before kgate shuts the
+#   kernel down or restarts it: the cell and the task that run are stopped as above, and the
+#   reply waits (up to wait_ms) for them to end, so their finally blocks run and the
+#   shutdown_request after it ends the process normally, atexit handlers and all.
 # A part that cannot be installed is reported off, with the reason; the others still work.
 #
 # ipykernel internals relied on (ipykernel 6.17 on Debian 12, and later 6.x):
@@ -34,7 +38,10 @@
 #   control_handlers; Kernel.get_parent("shell") (the request a cell runs for);
 # - IPython's pre_execute and post_execute events, which bracket every run_cell, silent or not;
 # - SIGINT raises KeyboardInterrupt in the main thread while a request is handled (ipykernel's
-#   pre_handler_hook), and a blocked threading.Lock.acquire is interrupted by it.
+#   pre_handler_hook), and a blocked threading.Lock.acquire is interrupted by it;
+# - a control handler's awaitable result is awaited on the control thread's asyncio loop (the
+#   close waits there with asyncio.sleep; control requests are handled one at a time).
+import asyncio
 import ctypes
 import inspect
 import json
@@ -204,28 +211,61 @@ def start_task(code):
     thread.start()
 
 
+def _stop_locked(request, main):
+    """Stops `request` if it is what runs (the cell, or the task); under _lock. Whether it did."""
+    if request and request == _cell:
+        signal.pthread_kill(main, signal.SIGINT)
+        return True
+    if request and _task and request == _task["request"] and _task["thread"].ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(_task["thread"].ident),
+                                                   ctypes.py_object(KeyboardInterrupt))
+        return True
+    return False
+
+
+def _running():
+    cell, task = _cell, _task  # read once: the close reads them without _lock
+    return [r for r in (cell, task["request"] if task else None) if r]
+
+
+async def _close(content, main):
+    # The graceful close before kgate stops the kernel: the cell and the task that run are stopped
+    # as a stop would, then this waits (up to wait_ms) for both to end, so their finally blocks
+    # run and the shutdown_request that follows ends the process normally (atexit handlers run).
+    # A SIGTERM or SIGKILL, which come when the main thread stays busy, run neither.
+    try:
+        wait = min(max(float(content.get("wait_ms", 2000)), 0.0), 60000.0) / 1000.0
+    except (TypeError, ValueError):
+        wait = 2.0
+    begun = time.monotonic()
+    with _lock:
+        stopped = [r for r in _running() if _stop_locked(r, main)]
+    while _running() and time.monotonic() - begun < wait:
+        await asyncio.sleep(0.02)
+    return {"status": "ok", "stopped": stopped, "still_running": _running(),
+            "waited_ms": int((time.monotonic() - begun) * 1000)}
+
+
 def _stop(kernel):
     main = threading.main_thread().ident
 
-    def kgate_request(stream, ident, parent):
+    async def kgate_request(stream, ident, parent):
         content = parent.get("content") or {}
-        op = content.get("op") if isinstance(content, dict) else None
+        if not isinstance(content, dict):
+            content = {}
+        op = content.get("op")
         if not is_host(_session_of(parent)):
             reply = {"status": "error", "refusal": "not_host", "message": "only kgate may send kgate_request"}
         elif op == "interrupt":
             request = content.get("request")
             with _lock:
-                running = _cell
-                task = _task["request"] if _task else None
-                if request and request == running:
-                    signal.pthread_kill(main, signal.SIGINT)
-                    reply = {"status": "ok", "interrupted": request}
-                elif request and request == task and _task["thread"].ident is not None:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(_task["thread"].ident),
-                                                               ctypes.py_object(KeyboardInterrupt))
+                if _stop_locked(request, main):
                     reply = {"status": "ok", "interrupted": request}
                 else:
-                    reply = {"status": "error", "refusal": "not_running", "running": running or task}
+                    running = _running()
+                    reply = {"status": "error", "refusal": "not_running", "running": running[0] if running else None}
+        elif op == "close":
+            reply = await _close(content, main)
         elif op == "hello":
             reply = {"status": "ok", "version": VERSION, "running": _cell}
         else:
@@ -286,8 +326,10 @@ def install(host):
         events.register("post_execute", _cell_ends)
         kernel.control_handlers["kgate_request"] = _stop(kernel)
         features.append("stop")
+        features.append("close")
     else:
         off["stop"] = why
+        off["close"] = "needs the stop"
     if "stop" not in features:
         off["tasks"] = "needs the stop"
     elif not hasattr(ctypes, "pythonapi"):

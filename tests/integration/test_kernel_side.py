@@ -18,7 +18,7 @@ from records_util import (agent_execute, agent_run, attach_client, digest, get_j
 from test_mcp_semantics import Agent
 from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
-FEATURES = {"shutdown_guard", "silent_echo", "stop", "tasks"}
+FEATURES = {"shutdown_guard", "silent_echo", "stop", "close", "tasks"}
 
 
 def kernel_side(kg, kid, timeout=20):
@@ -292,7 +292,7 @@ def test_verify_runs_cells_in_a_scratch_kernel_and_leaves_the_working_one_alone(
     try:
         agent.ok("execute", code="import os\nworking = 'mine'\nos.environ['KGATE_VERIFY_MARK'] = 'set'")
         status = agent.ok("server_status")
-        assert "kernel side: on (shutdown_guard, silent_echo, stop, tasks)" in status, status
+        assert "kernel side: on (close, shutdown_guard, silent_echo, stop, tasks)" in status, status
         kid = re.search(r"kernel: ([0-9a-f-]{36})", status).group(1)
         before = kernels(kg)
 
@@ -429,3 +429,61 @@ def test_a_person_stops_a_silent_cell_of_an_attached_client(kgate_factory):
         kc.stop_channels()
     end = wait_job_end(kg, job["job"], timeout=10)
     assert end["status"] == "interrupted", end
+
+
+CLOSE_SETUP = """
+import atexit, time
+def _mark(name):
+    with open({dir!r} + '/' + name, 'w') as f:
+        f.write(name)
+atexit.register(_mark, 'atexit')
+"""
+CLOSE_TASK = "try:\n    while True:\n        time.sleep(0.05)\nfinally:\n    _mark('task')\n"
+CLOSE_CELL = "try:\n    time.sleep(60)\nfinally:\n    _mark('cell')\n"
+
+
+def stop_busy_kernel(kg, kid, marks):
+    """Starts a task and a cell that run until stopped, each marking its end in `marks`, then
+    DELETEs the kernel; returns (seconds the DELETE took, the marks made)."""
+    agent_run(kg, kid, CLOSE_SETUP.format(dir=str(marks)), "agent-a")
+    status, task = agent_execute(kg, kid, CLOSE_TASK, "agent-a", wait=0, background=True)
+    assert status == 200 and task["status"] == "running", task
+    # A person's cell holds the main thread (the agent does not queue behind its own task).
+    kc = attach_client(kg, kid)
+    try:
+        kc.execute(CLOSE_CELL)
+        wait_for_job(kg, kid, lambda j: j.get("code") == CLOSE_CELL and j["status"] == "running", what="the cell")
+    finally:
+        kc.stop_channels()
+    pid = kg.kernel_pid(kid)
+    t0 = time.monotonic()
+    kg.delete_kernel(kid)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                      open(f"/proc/{pid}/stat").read().split()[2] == "Z", 15)
+    return time.monotonic() - t0, sorted(os.listdir(marks))
+
+
+def test_a_busy_kernel_closes_before_it_stops(kgate_factory, tmp_path):
+    kg, kid = kgate_with_kernel(kgate_factory)
+    marks = tmp_path / "on"
+    marks.mkdir()
+    took, made = stop_busy_kernel(kg, kid, marks)
+    # The close stopped the cell and the task, their finally blocks ran, and the process then
+    # ended by kgate's shutdown_request, so its atexit handlers ran too; no SIGTERM.
+    assert made == ["atexit", "cell", "task"], (made, kg.log_tail(20))
+    assert took < 4.0, took
+    assert any("closed; stopped" in line and kid in line for line in kg.log_lines), kg.log_tail(20)
+    assert not any("SIGTERM" in line and kid in line for line in kg.log_lines), kg.log_tail(20)
+
+    # With the close off (close_grace_ms = 0), the same kernel is ended by SIGTERM after the
+    # grace: no finally block of the cell, no atexit handler.
+    config = tmp_path / "kgate.toml"
+    config.write_text("[kernel]\nclose_grace_ms = 0\n")
+    kg2 = kgate_factory(config=config)
+    kid2 = kg2.start_kernel()["id"]
+    assert_on(kernel_side(kg2, kid2))
+    marks2 = tmp_path / "off"
+    marks2.mkdir()
+    took2, made2 = stop_busy_kernel(kg2, kid2, marks2)
+    assert "cell" not in made2 and "atexit" not in made2, made2
+    assert any("SIGTERM" in line and kid2 in line for line in kg2.log_lines), kg2.log_tail(20)
