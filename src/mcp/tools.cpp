@@ -251,7 +251,7 @@ const char* kInterruptDesc =
 const char* kVerifyDesc =
     "Check that code works from a clean start (Restart & Run All) without touching the working "
     "kernel: starts a fresh scratch kernel (same kernelspec, environment and working directory, "
-    "startup.py run), runs each cell as its own recorded request, stops at the first error unless "
+    "startup.py run; on the same launcher when it runs on one), runs each cell as its own recorded request, stops at the first error unless "
     "keep_going, reports each cell (status, first lines of output, the error), then stops the "
     "scratch kernel. The current kernel and its variables are unchanged.";
 
@@ -833,6 +833,17 @@ json Translator::own_environment(const Endpoint& ep) const {
   return body;
 }
 
+json Translator::new_kernel_body(const Endpoint& ep, const std::string& launcher) const {
+  if (launcher.empty()) return own_environment(ep);
+  // Another machine: this conversation's environment is not its own (PATH, a venv), only its
+  // working directory may be (a shared filesystem).
+  json body = {{"kgate_launcher", launcher}};
+  std::error_code ec;
+  auto cwd = std::filesystem::current_path(ec);
+  if (!ec && ep.is_default && hosting_.send_environment) body["cwd"] = cwd.string();
+  return body;
+}
+
 std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std::string& error, bool& fatal,
                                       const std::string& launcher) {
   fatal = false;
@@ -845,17 +856,7 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   }
   json apij = api.json_body();
   bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
-  json body = json::object();
-  if (!launcher.empty()) {
-    // Another machine: this conversation's environment is not its own (PATH, a venv), only
-    // its working directory may be (a shared filesystem).
-    body["kgate_launcher"] = launcher;
-    std::error_code ec;
-    auto cwd = std::filesystem::current_path(ec);
-    if (!ec && ep.is_default && hosting_.send_environment) body["cwd"] = cwd.string();
-  } else {
-    body = own_environment(ep);
-  }
+  json body = new_kernel_body(ep, launcher);
   {
     std::lock_guard lk(mu_);
     posting_ = true;
@@ -1352,32 +1353,49 @@ ToolReply Translator::verify(Call& c) {
     auto k = http->get("api/kernels/" + cur->kernel, 10s);
     if (k.status == 200) spec = k.json_body().value("name", "");
   }
-  // Like this conversation's auto kernel: its environment and working directory.
-  json body = cur && cur->launcher.size() ? json::object() : own_environment(ep);
+  // Where this conversation's kernel is, as its auto kernel would be: its launcher (Slurm,
+  // SSH) if it has one, else this machine with this conversation's environment and directory.
+  const std::string launcher = cur && cur->ep.url == ep.url ? cur->launcher : "";
+  json body = new_kernel_body(ep, launcher);
   if (!spec.empty()) body["name"] = spec;
   auto r = http->post("api/kernels", body, kCreateTimeout);
-  const std::string id = r.status == 201 || r.status == 200 ? r.json_body().value("id", "") : "";
-  if (id.empty()) {
-    if (r.status == 202) {
-      http->request("DELETE", "api/kernels/" + r.json_body().value("id", ""), nullptr, 15s);
-      return text_reply("the scratch kernel was queued (a launcher's job), so nothing ran; verify needs one that starts now.",
-                        true);
-    }
-    return text_reply("could not start a scratch kernel" + (spec.empty() ? "" : " (" + spec + ")") + " on " + ep.url +
-                          ": " + r.message(),
+  const bool queued = r.status == 202;  // a launcher's job, still in its queue
+  const std::string id = r.status == 201 || r.status == 200 || queued ? r.json_body().value("id", "") : "";
+  if (id.empty())
+    return text_reply("could not start a scratch kernel" + (spec.empty() ? "" : " (" + spec + ")") +
+                          (launcher.empty() ? "" : " on launcher " + launcher) + " at " + ep.url + ": " + r.message(),
                       true);
-  }
-  const std::string vid = new_hex_id().substr(0, 8);
-  spdlog::info("verify {}: {} cells in scratch kernel {}", vid, cells.size(), id);
-  Target t{Current{ep, id, false, true, true, "", false}, http};
   struct StopScratch {  // the scratch kernel never outlives the call, whatever happens
     std::shared_ptr<HttpClient> http;
     std::string id;
     ~StopScratch() { http->request("DELETE", "api/kernels/" + id, nullptr, 15s); }
   } stop_scratch{http, id};
+  if (queued) {
+    // Its job waits in the launcher's queue: wait for it as long as a cell may run, no longer.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    json kj = r.json_body();
+    while (kj.value("execution_state", "") == "starting") {
+      if (c.cancelled) return text_reply("verify cancelled while its scratch kernel was queued as " + queue_text(kj), true);
+      if (std::chrono::steady_clock::now() >= give_up)
+        return text_reply("the scratch kernel was still queued as " + queue_text(kj) + " after " + fmt_seconds(timeout) +
+                              " s, so nothing ran; it was cancelled. Try again when the queue is shorter, or with a larger timeout.",
+                          true);
+      std::this_thread::sleep_for(500ms);
+      auto g = http->get("api/kernels/" + id, 10s);
+      if (g.status != 200) return text_reply("the queued scratch kernel " + id + " is gone: " + g.message(), true);
+      kj = g.json_body();
+    }
+    if (kj.value("execution_state", "") == "dead")
+      return text_reply("the scratch kernel died before it ran: " + kj.value("reason", std::string("no reason given")), true);
+  }
+  const std::string vid = new_hex_id().substr(0, 8);
+  spdlog::info("verify {}: {} cells in scratch kernel {}{}", vid, cells.size(), id,
+               launcher.empty() ? "" : " on launcher " + launcher);
+  Target t{Current{ep, id, false, true, true, launcher, false}, http};
 
   std::string head = "verify " + vid + ": a fresh " + (spec.empty() ? std::string("default") : spec) + " kernel (" +
-                     id.substr(0, 8) + ", stopped afterwards; your kernel was not touched)";
+                     id.substr(0, 8) + (launcher.empty() ? "" : ", on launcher " + launcher) +
+                     ", stopped afterwards; your kernel was not touched)";
   std::string setup_out, setup_err;
   if (!run_setup(t, setup_out, setup_err))
     return text_reply(head + "\nits setup failed, so no cell ran:\n" + setup_err, true);

@@ -313,10 +313,23 @@ def test_kgate_mcp_connects_on_a_launcher_and_says_when_it_is_queued(kg, slurm, 
         assert "still queued as Slurm job " + job in err, err
         status = agent.ok("server_status")
         assert "runs on slurm: Slurm job " + job + " PENDING" in status, status
+        # verify waits for its queued scratch kernel as long as a cell may run, then cancels it.
+        before = set(slurm.jobs())
+        err = agent.error("verify", cells=["1"], timeout=2)
+        assert re.search(r"still queued as Slurm job \d+ \(PENDING.*after 2(\.0+)? s, so nothing ran", err), err
+        assert wait_until(lambda: set(slurm.jobs()) == before, 30), (before, slurm.run("squeue").stdout)
         slurm.run("scancel", blocker)
         assert wait_until(lambda: kg.kernel_model(kid)["execution_state"] == "idle", 60), kg.log_tail()
         out = agent.ok("execute", code="import os; print(os.environ['SLURM_JOB_ID'])")
         assert job in out, out
+        # verify's scratch kernel runs where the agent's kernel runs: a Slurm job of its own on
+        # the same launcher, cancelled afterwards.
+        report = agent.ok("verify", cells=["import os", "print('job', os.environ['SLURM_JOB_ID'])"])
+        assert "on launcher slurm" in report and "all 2 cells passed" in report, report
+        scratch = re.search(r"job (\d+)", report.split("cell 2/2", 1)[1]).group(1)
+        assert scratch != job, report
+        assert wait_until(lambda: scratch not in slurm.jobs(), 30), slurm.run("squeue").stdout
+        assert job in slurm.jobs()
         listing = agent.ok("list_kernels")
         assert "on slurm: Slurm job " + job + " RUNNING" in listing, listing
         agent.ok("stop_kernel")

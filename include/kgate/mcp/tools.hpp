@@ -102,6 +102,8 @@ class Translator final : public ToolHandler {
   // A new kernel's POST /api/kernels body on the default endpoint: this conversation's
   // environment and working directory (when the hosting sends them), as an auto kernel gets.
   json own_environment(const Endpoint& ep) const;
+  // The body of POST /api/kernels for a kernel of this conversation: on `launcher`, or here.
+  json new_kernel_body(const Endpoint& ep, const std::string& launcher) const;
   // The cell of `job` asks for input (`request`: its record's input_request): asks the user
   // through the client (elicitation) and answers it, or interrupts the cell. Returns a note for
   // the reply ("" when answered).
