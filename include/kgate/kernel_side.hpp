@@ -11,7 +11,8 @@
 namespace kgate {
 
 // What the kernel side can do; each is on or off (with the reason) per kernel.
-inline constexpr std::string_view kKernelSideFeatures[] = {"shutdown_guard", "silent_echo", "stop", "close", "tasks"};
+inline constexpr std::string_view kKernelSideFeatures[] = {"shutdown_guard", "silent_echo", "stop", "close",
+                                                           "tasks", "run_async"};
 
 // The code of the starting cell of a background task running `code` (kgate_kernel_side.start_task).
 std::string kernel_side_task_code(const std::string& code);

@@ -23,6 +23,9 @@
 #   prints goes out as stream messages under the starting request, so kgate files it under the
 #   task. The stop above raises KeyboardInterrupt in the task's thread
 #   (PyThreadState_SetAsyncExc) when `request` names the task.
+# - run_async: the cell magic %%run_async, for a person (qtconsole, a notebook): the rest of the
+#   cell becomes a background task, as above, with that cell's origin. A magic, so nothing is
+#   added to the user's namespace.
 # - close: kgate_request {op: "close", wait_ms}, from the host only, sent before kgate shuts the
 #   kernel down or restarts it: the cell and the task that run are stopped as above, and the
 #   reply waits (up to wait_ms) for them to end, so their finally blocks run and the
@@ -36,6 +39,7 @@
 # - Kernel.session.send(stream, msg_type, content, parent, ident=...) and Kernel.iopub_socket;
 # - Kernel.control_msg_types is read only at construction: kgate_request goes straight into
 #   control_handlers; Kernel.get_parent("shell") (the request a cell runs for);
+# - InteractiveShell.register_magic_function (the %%run_async cell magic);
 # - IPython's pre_execute and post_execute events, which bracket every run_cell, silent or not;
 # - SIGINT raises KeyboardInterrupt in the main thread while a request is handled (ipykernel's
 #   pre_handler_hook), and a blocked threading.Lock.acquire is interrupted by it;
@@ -211,6 +215,18 @@ def start_task(code):
     thread.start()
 
 
+def _run_async(line, cell):
+    """%%run_async: runs the rest of the cell as a background task, as kgate-mcp's
+    execute(background=true) does: a worker thread in the user's namespace, its prints under this
+    cell, one task at a time; the cell returns at once. The task is a job of its own in kgate's
+    records, with this cell's origin; stop it from the observe page (or kgate's interrupt)."""
+    if line.strip():
+        raise ValueError("%%run_async takes no arguments: put the code on the lines below it")
+    if not cell.strip():
+        raise ValueError("%%run_async needs code on the lines below it")
+    start_task(cell)
+
+
 def _stop_locked(request, main):
     """Stops `request` if it is what runs (the cell, or the task); under _lock. Whether it did."""
     if request and request == _cell:
@@ -338,4 +354,11 @@ def install(host):
         off["tasks"] = "sys.stdout or sys.stderr cannot be routed per thread"
     else:
         features.append("tasks")
+    if "tasks" not in features:
+        off["run_async"] = "needs the tasks"
+    elif not callable(getattr(shell, "register_magic_function", None)):
+        off["run_async"] = "IPython has no register_magic_function"
+    else:
+        shell.register_magic_function(_run_async, magic_kind="cell", magic_name="run_async")
+        features.append("run_async")
     return report()

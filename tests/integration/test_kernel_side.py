@@ -18,7 +18,7 @@ from records_util import (agent_execute, agent_run, attach_client, digest, get_j
 from test_mcp_semantics import Agent
 from test_mcp_transcript import mcp_bin  # noqa: F401 (a fixture)
 
-FEATURES = {"shutdown_guard", "silent_echo", "stop", "close", "tasks"}
+FEATURES = {"shutdown_guard", "silent_echo", "stop", "close", "tasks", "run_async"}
 
 
 def kernel_side(kg, kid, timeout=20):
@@ -292,7 +292,7 @@ def test_verify_runs_cells_in_a_scratch_kernel_and_leaves_the_working_one_alone(
     try:
         agent.ok("execute", code="import os\nworking = 'mine'\nos.environ['KGATE_VERIFY_MARK'] = 'set'")
         status = agent.ok("server_status")
-        assert "kernel side: on (close, shutdown_guard, silent_echo, stop, tasks)" in status, status
+        assert "kernel side: on (close, run_async, shutdown_guard, silent_echo, stop, tasks)" in status, status
         kid = re.search(r"kernel: ([0-9a-f-]{36})", status).group(1)
         before = kernels(kg)
 
@@ -487,3 +487,41 @@ def test_a_busy_kernel_closes_before_it_stops(kgate_factory, tmp_path):
     took2, made2 = stop_busy_kernel(kg2, kid2, marks2)
     assert "cell" not in made2 and "atexit" not in made2, made2
     assert any("SIGTERM" in line and kid2 in line for line in kg2.log_lines), kg2.log_tail(20)
+
+
+def test_a_person_starts_a_task_with_run_async(kgate_factory):
+    kg, kid = kgate_with_kernel(kgate_factory)
+    kc = attach_client(kg, kid)
+    code = "%%run_async\nimport time\nfor i in range(2000):\n    print('tock', i)\n    time.sleep(0.05)\n"
+    try:
+        r = kc.execute_interactive(code, timeout=30)
+        assert r["content"]["status"] == "ok", r
+        task = wait_for_job(kg, kid, lambda j: j.get("code") == code, what="the person's task")
+        assert task["origin"] == "user", task
+        # The cell returned at once; the task goes on as its job, with its prints.
+        time.sleep(0.5)
+        rec = get_job(kg, task["job"])
+        assert rec["status"] == "running" and "tock 3" in rec["output"], rec
+        # The agent does not run beside it, and is told which job runs.
+        status, reply = agent_execute(kg, kid, "1 + 1", "agent-a")
+        assert status == 409 and reply["refusal"] == "busy" and reply["running_job"] == task["job"], reply
+        # The person's next cell runs meanwhile, recorded on its own.
+        r = kc.execute_interactive("beside = 5", timeout=30)
+        assert r["content"]["status"] == "ok", r
+        beside = wait_for_job(kg, kid, lambda j: j.get("code") == "beside = 5" and j["status"] != "running",
+                              what="the cell beside the task")
+        assert "tock" not in get_job(kg, beside["job"])["output"]
+        # The person at the machine stops it (the observe page's Stop).
+        status, reply = interrupt_job(kg, task["job"])
+        assert status == 200, reply
+        assert wait_job_end(kg, task["job"], timeout=10)["status"] == "interrupted"
+        # Misuse is the cell's error, and starts nothing.
+        for bad in ("%%run_async now\nx = 1", "%%run_async\n"):
+            r = kc.execute_interactive(bad, timeout=30)
+            assert r["content"]["status"] == "error" and "run_async" in r["content"]["evalue"], r
+        # No name was added to the user's namespace.
+        r = kc.execute_interactive("", user_expressions={"n": "'run_async' in dir()"}, timeout=30)
+        assert r["content"]["user_expressions"]["n"]["data"]["text/plain"] == "False", r
+    finally:
+        kc.stop_channels()
+    assert agent_run(kg, kid, "print(beside, i > 3)", "agent-a")["output"] == "5 True\n"
