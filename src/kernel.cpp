@@ -298,6 +298,9 @@ struct KernelIo {
   // kgate_requests to the kernel side awaiting their kgate_reply (KernelManager::kernel_side_call).
   std::map<std::string, std::function<void(std::optional<json>)>> side_calls;
   std::string closing;  // the close sent before this stop's shutdown_request (begin_stop)
+  // The background task that runs (its starting request, from task_start to task_end): the
+  // kernel is busy for culling while it runs, though its shell is idle.
+  std::string task;
   std::int64_t created_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch()).count();
   std::unique_ptr<zmq::socket_t> shell, control, stdin_, iopub, hb;
@@ -569,6 +572,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   // nothing is sent to it, a close included).
   k.kernel->set_kernel_side(json());
   k.side_install.clear();
+  k.task.clear();
   if (k.remote()) {
     launch_remote(k);
     return;
@@ -896,6 +900,10 @@ void KernelManager::Impl::kernel_side_event(KernelIo& k, const KernelMessage& m)
                  who["restart"].get<bool>() ? "restart (shutdown_request)" : "shutdown_request",
                  who["session"].get<std::string>(), who["username"].get<std::string>());
     k.kernel->add_refused(std::move(who));
+  } else if (event == "task_start") {
+    k.task = content.value("request", "");
+  } else if (event == "task_end" && content.value("request", "") == k.task) {
+    k.task.clear();
   }
   for (auto* o : observers) o->on_kernel_side_event(k.kernel, content);
 }
@@ -1512,7 +1520,7 @@ bool KernelManager::Impl::cull_now(KernelIo& k, const CullRequest& req) {
   if (k.phase != Phase::ready || req.idle_timeout.count() <= 0) return false;
   auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(k.kernel->idle_for());
   if (idle <= req.idle_timeout) return false;  // activity since the gateway looked
-  if (!req.cull_busy && k.kernel->execution_state() == "busy") return false;
+  if (!req.cull_busy && (k.kernel->execution_state() == "busy" || !k.task.empty())) return false;
   int connections = k.kernel->connections();
   if (!req.cull_connected && connections > 0) return false;
   std::string reason = "culled after " + std::to_string(idle.count() / 1000) + " s idle (" +

@@ -165,3 +165,19 @@ def test_cull_connected_busy_and_per_kernel_timeout(kgate_factory, tmp_path):
     assert [j["status"] for j in listing["jobs"] if j["job"] == job] == ["culled"], listing
     # The kernel without a timeout of its own is never culled here (the gateway's is off).
     assert plain in listed(kg)
+
+
+def test_a_kernel_whose_background_task_runs_is_not_culled(kgate_factory, tmp_path):
+    """A background task (DEV.md §14) keeps its kernel busy for culling though the shell is idle
+    and the task prints nothing; once it ends the kernel is idle and culled as any other."""
+    cfg = culling_config(tmp_path, "c.toml", cull_idle_timeout=2, cull_interval=1)
+    kg = kgate_factory(config=cfg)
+    kid = kg.start_kernel()["id"]
+    assert wait_until(lambda: kgate_kernel(kg, kid).get("kgate_kernel_side"), 20)
+    status, rec = agent_execute(kg, kid, "import time\ntime.sleep(7)", "agent-a", wait=0, background=True)
+    assert status == 200 and rec["status"] == "running", rec
+    time.sleep(5)  # 2 s idle, checked every second: several passes would have culled it
+    assert kid in listed(kg), kg.log_tail(20)
+    assert get_job(kg, rec["job"])["status"] == "running"
+    assert get_job(kg, rec["job"], wait=10)["status"] == "ok"
+    assert wait_until(lambda: gone(kg, kid), CULL_WAIT), kg.log_tail(20)
