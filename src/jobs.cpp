@@ -657,6 +657,26 @@ void JobStore::on_kernel_side_event(const KernelPtr& kernel, const json& content
   if (!limits_.enabled || !content.is_object()) return;
   const std::string event = str_value(content, "event");
   const std::string request = str_value(content, "request");
+  if (event == "task_running") {  // the kernel side's install answered: `request` runs, or none
+    std::lock_guard lk(mu_);
+    std::vector<std::uint64_t> running(running_.begin(), running_.end());
+    for (auto n : running) {
+      auto it = jobs_.find(n);
+      if (it == jobs_.end() || it->second.kernel != kernel->id()) continue;
+      Job& j = it->second;
+      if (!request.empty() && j.request == request) {
+        j.task = true;  // its end comes as task_end, not from the gap
+        j.gap_end_at.reset();
+        dirty_locked(j);
+      } else if (j.task) {
+        end_locked(j, JobStatus::end_not_recorded,
+                   j.gap ? "The task ended while kgate was away: its status and its last output were not heard."
+                         : std::string(kEndLost));
+      }
+    }
+    changed_locked();
+    return;
+  }
   if ((event != "task_start" && event != "task_end") || request.empty()) return;
   {
     std::lock_guard lk(mu_);
@@ -1406,7 +1426,8 @@ json record_line(const Job& j) {
             {"seen", j.seen_by_agent},
             {"released", j.released},
             {"reply_status", j.reply_status},
-            {"generation", j.generation}};
+            {"generation", j.generation},
+            {"task", j.task}};
   if (j.began) l["began_ms"] = unix_ms(j.t_began);
   if (!j.running()) l["ended_ms"] = unix_ms(j.t_ended);
   if (j.execution_count) l["execution_count"] = *j.execution_count;
@@ -1457,6 +1478,7 @@ Job job_from_record(const json& l, const std::string& kernel, const RecordLimits
       if (line.is_string()) j.traceback.push_back(line.get<std::string>());
   j.note = l.value("note", "");
   j.stop_note = l.value("stop_note", "");
+  j.task = l.value("task", false);
   j.seen_by_agent = l.value("seen", j.origin != JobOrigin::user);
   j.released = l.value("released", false);
   j.reply_status = l.value("reply_status", "");
@@ -1640,7 +1662,7 @@ void JobStore::on_kernel_readopted(const KernelPtr& kernel, const std::string& h
     std::vector<Job*> gap_jobs;
     for (auto n : running_) {
       Job& j = jobs_.at(n);
-      if (j.kernel != kernel->id() || !j.gap) continue;
+      if (j.kernel != kernel->id() || !j.gap || j.task) continue;  // a task's end: the kernel side says
       j.gap_end_at = now + std::chrono::seconds(1);
       gap_jobs.push_back(&j);
     }
@@ -1720,6 +1742,7 @@ json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now
             {"code", j.code},
             {"code_cut", j.code_cut},
             {"note", j.note},
+            {"task", j.task},
             {"seen_by_agent", j.seen_by_agent}};
   if (j.input) o["input_request"] = {{"prompt", j.input->prompt}, {"password", j.input->password}};
   if (full) {

@@ -1173,7 +1173,15 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       json side = kernel_side_from_reply(json::parse(m.wire.content, nullptr, false));
       if (!side.value("installed", false))
         spdlog::warn("kernel {}: kgate's kernel side is off: {}", k.kernel->id(), side.value("reason", ""));
+      // The task that runs now (a re-adopted kernel's, started under the kgate before): the
+      // records keep its job running, and end any other task's whose end was not heard.
+      json running = side.value("running_task", json());
+      side.erase("running_task");
+      k.task = running.is_string() ? running.get<std::string>() : std::string();
+      if (!k.task.empty()) spdlog::info("kernel {}: its background task {} still runs", k.kernel->id(), k.task);
       k.kernel->set_kernel_side(std::move(side));
+      json event = {{"event", "task_running"}, {"request", k.task}};
+      for (auto* o : observers) o->on_kernel_side_event(k.kernel, event);
       return;
     }
     if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {

@@ -79,7 +79,8 @@ json kernel_side_from_reply(const json& content) {
                                       ? off[name].get<std::string>()
                                       : std::string("not offered by this version of the kernel side"));
   }
-  return {{"installed", true}, {"version", rep.value("version", 0)}, {"features", features}};
+  json task = rep.contains("task") && rep["task"].is_string() ? rep["task"] : json(nullptr);
+  return {{"installed", true}, {"version", rep.value("version", 0)}, {"features", features}, {"running_task", task}};
 }
 
 }  // namespace kgate

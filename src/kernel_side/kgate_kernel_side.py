@@ -292,7 +292,9 @@ def _stop(kernel):
 
 def report():
     s = _state or {}
-    return _Json({"version": VERSION, "features": sorted(s.get("features", [])), "off": s.get("off", {})})
+    task = _task  # read once
+    return _Json({"version": VERSION, "features": sorted(s.get("features", [])), "off": s.get("off", {}),
+                  "task": task["request"] if task else None})
 
 
 def install(host):

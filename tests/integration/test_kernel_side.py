@@ -525,3 +525,58 @@ def test_a_person_starts_a_task_with_run_async(kgate_factory):
     finally:
         kc.stop_channels()
     assert agent_run(kg, kid, "print(beside, i > 3)", "agent-a")["output"] == "5 True\n"
+
+
+def test_a_task_outlives_its_kgate(kgate_bin, tmp_path_factory):
+    """Kernels outlive kgate, and so do their background tasks: the next kgate keeps the task's
+    job running and files its prints under it; a task that ended while no kgate listened ends
+    end_not_recorded."""
+    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate")).start()
+    kg2 = None
+    try:
+        kid = kg.start_kernel()["id"]
+        assert_on(kernel_side(kg, kid))
+        status, rec = agent_execute(kg, kid, TICKER, "agent-a", wait=1, background=True)
+        assert status == 200 and rec["status"] == "running", rec
+        task = rec["job"]
+        assert get_job(kg, task)["task"] is True
+        status, rec = agent_execute(kg, kid, "import time\ntime.sleep(3)\nprint('short done')", "agent-a",
+                                    wait=0, background=True)
+        assert status == 409, rec  # one at a time
+        kg.stop(sig=signal.SIGTERM, sweep=False)  # kernels go on
+        kg2 = Kgate(kgate_bin, kg.root).start()
+        assert wait_until(lambda: kg2.rest("GET", f"/api/kernels/{kid}")[0] == 200 and
+                          kg2.kernel_model(kid)["execution_state"] == "idle", 30), kg2.log_tail(30)
+        assert_on(kernel_side(kg2, kid))
+        rec = get_job(kg2, task)
+        assert rec["status"] == "running" and rec["task"] is True, rec
+        time.sleep(1.5)  # past the gap's one-second end
+        before = get_job(kg2, task)
+        assert before["status"] == "running", before
+        last = int(re.findall(r"tick (\d+)", before["output"])[-1])
+        assert wait_until(lambda: f"tick {last + 3}" in get_job(kg2, task)["output"], 10), get_job(kg2, task)
+        status, reply = agent_execute(kg2, kid, "1 + 1", "agent-a")
+        assert status == 409 and reply["running_job"] == task, reply
+        status, reply = interrupt_job(kg2, task, agent="agent-a")
+        assert status == 200, reply
+        assert wait_job_end(kg2, task, timeout=10)["status"] == "interrupted"
+
+        # A task that ends while no kgate listens.
+        status, rec = agent_execute(kg2, kid, "import time\ntime.sleep(2)\nprint('short done')", "agent-a",
+                                    wait=0, background=True)
+        assert status == 200, rec
+        short = rec["job"]
+        assert wait_until(lambda: get_job(kg2, short)["task"], 10), get_job(kg2, short)
+        kg2.stop(sig=signal.SIGTERM, sweep=False)
+        time.sleep(3)
+        kg2 = Kgate(kgate_bin, kg.root).start()
+        assert wait_until(lambda: kg2.rest("GET", f"/api/kernels/{kid}")[0] == 200 and
+                          kg2.kernel_model(kid)["execution_state"] == "idle", 30), kg2.log_tail(30)
+        rec = wait_job_end(kg2, short, timeout=10)
+        assert rec["status"] == "end_not_recorded" and "while kgate was away" in rec["note"], rec
+        assert agent_run(kg2, kid, "print('free')", "agent-a")["output"] == "free\n"
+    finally:
+        for k in (kg2, kg):
+            if k is not None and k.proc is not None and k.proc.poll() is None:
+                k.cleanup_kernels()
+                k.stop()
