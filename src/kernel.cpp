@@ -573,6 +573,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   k.kernel->set_kernel_side(json());
   k.side_install.clear();
   k.task.clear();
+  k.closing.clear();
   if (k.remote()) {
     launch_remote(k);
     return;
@@ -1406,7 +1407,8 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
       k.closing = sent;
       auto closed = [this, id, sent](std::optional<json> answer) {
         KernelIo* kk = find(id);
-        if (!kk || kk->closing != sent || kk->phase != Phase::stopping) return;
+        // Gone, superseded by another stop, or its process already exited (being removed).
+        if (!kk || kk->closing != sent || kk->phase != Phase::stopping || !kk->sockets_open()) return;
         kk->closing.clear();
         if (!answer)
           spdlog::warn("kernel {}: no answer to the close within {} ms; shutting it down", id,
