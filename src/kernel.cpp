@@ -554,6 +554,11 @@ struct KernelManager::Impl {
   bool interrupt_now(KernelIo& k);
   void begin_stop(KernelIo& k, bool restart);
   void send_shutdown(KernelIo& k);
+  // Sends kgate_request `content` on control; `done` gets its kgate_reply's content, or nullopt
+  // after `timeout` (or from fail_pending). The request's msg_id, or "" when it was not sent
+  // (then `done` is not kept).
+  std::string side_call(KernelIo& k, json content, std::chrono::milliseconds timeout,
+                        std::function<void(std::optional<json>)> done);
   bool answer_side_call(KernelIo& k, const KernelMessage& m);  // a kgate_reply's waiter: whether one was
   void finish_removal(KernelIo& k);
   // The kernel table (DEV.md §4e): its entry, rewritten when it became ready or was handed out.
@@ -1401,11 +1406,13 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   // answer, or close_grace and a second without one, sends the shutdown_request.
   if (opts.close_grace.count() > 0 && kernel_side_has(k.kernel->kernel_side(), "close") && k.sockets_open() &&
       !k.link_down) {
-    std::string sent = send_internal(k, Channel::control, "kgate_request",
-                                     json{{"op", "close"}, {"wait_ms", opts.close_grace.count()}});
+    // The answer waits for the cell and the task up to close_grace, and comes a moment later.
+    std::string sent = side_call(k, json{{"op", "close"}, {"wait_ms", opts.close_grace.count()}},
+                                 opts.close_grace + std::chrono::seconds(1), nullptr);
     if (!sent.empty()) {
       k.closing = sent;
-      auto closed = [this, id, sent](std::optional<json> answer) {
+      // Its waiter names its own msg_id, so it is set once the request is out.
+      k.side_calls[sent] = [this, id, sent](std::optional<json> answer) {
         KernelIo* kk = find(id);
         // Gone, superseded by another stop, or its process already exited (being removed).
         if (!kk || kk->closing != sent || kk->phase != Phase::stopping || !kk->sockets_open()) return;
@@ -1419,21 +1426,28 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
                        answer->value("waited_ms", 0));
         send_shutdown(*kk);
       };
-      k.side_calls.emplace(sent, closed);
-      after(opts.close_grace + std::chrono::seconds(1), [this, id, sent] {
-        KernelIo* kk = find(id);
-        if (!kk) return;
-        auto it = kk->side_calls.find(sent);
-        if (it == kk->side_calls.end()) return;
-        auto late = std::move(it->second);
-        kk->side_calls.erase(it);
-        kk->internal.erase(sent);
-        late(std::nullopt);
-      });
       return;
     }
   }
   send_shutdown(k);
+}
+
+std::string KernelManager::Impl::side_call(KernelIo& k, json content, std::chrono::milliseconds timeout,
+                                           std::function<void(std::optional<json>)> done) {
+  std::string sent = send_internal(k, Channel::control, "kgate_request", std::move(content));
+  if (sent.empty()) return sent;
+  k.side_calls.emplace(sent, std::move(done));
+  after(timeout, [this, id = k.kernel->id(), sent] {
+    KernelIo* kk = find(id);
+    if (!kk) return;
+    auto it = kk->side_calls.find(sent);
+    if (it == kk->side_calls.end()) return;
+    auto late = std::move(it->second);
+    kk->side_calls.erase(it);
+    kk->internal.erase(sent);
+    late(std::nullopt);
+  });
+  return sent;
 }
 
 void KernelManager::Impl::send_shutdown(KernelIo& k) {
@@ -2720,19 +2734,7 @@ void KernelManager::kernel_side_call(const std::string& id, json content, std::c
     Impl& m = *impl_;
     KernelIo* k = m.find(id);
     if (!k || k->phase != Phase::ready) return done(std::nullopt);
-    std::string sent = m.send_internal(*k, Channel::control, "kgate_request", std::move(content));
-    if (sent.empty()) return done(std::nullopt);
-    k->side_calls.emplace(sent, std::move(done));
-    m.after(timeout, [&m, id, sent] {
-      KernelIo* kk = m.find(id);
-      if (!kk) return;
-      auto it = kk->side_calls.find(sent);
-      if (it == kk->side_calls.end()) return;
-      auto late = std::move(it->second);
-      kk->side_calls.erase(it);
-      kk->internal.erase(sent);
-      late(std::nullopt);
-    });
+    if (m.side_call(*k, std::move(content), timeout, done).empty()) done(std::nullopt);
   });
 }
 
