@@ -1264,6 +1264,7 @@ JobStore::Listing JobStore::list(const std::string& kernel, std::uint64_t after,
     s.seen_by_agent = j.seen_by_agent;
     s.released = j.released;
     s.generation = j.generation;
+    s.task = j.task;
     out.jobs.push_back(std::move(s));
   }
   for (auto& r : marks_)

@@ -160,6 +160,22 @@ def test_observe_page(kgate_factory, browser):
         page.evaluate("document.getElementById('message').hidden = true")
         page.screenshot(artifacts_dir() / "observe-verify.png")
 
+        # 6. A background task is marked as one, and the person stops it from its row.
+        status, _, task = kg.rest("POST", f"/api/kgate/kernels/{kid}/execute",
+                                  {"code": "import time\nwhile True:\n    time.sleep(0.05)", "agent": AGENT,
+                                   "wait": 1, "background": True})
+        assert status == 200 and task["status"] == "running" and task["task"] is True, task
+        tj = task["job"]
+        page.wait_for(f"(document.querySelector('{sel(tj)}') || {{dataset: {{}}}}).dataset.task === '1' && "
+                      f"document.querySelector('{sel(tj)} .task-mark').textContent === 'background' && "
+                      f"!!document.querySelector('{sel(tj)} [data-action=\"stop\"]')",
+                      timeout=10, message=f"the task {tj} is not marked as a background task with a Stop")
+        assert page.evaluate(f"document.querySelector('{sel(sj)}').dataset.task") == "0"
+        page.click(f'{sel(tj)} [data-action="stop"]')
+        assert get_job(kg, tj, wait=15)["status"] == "interrupted"
+        page.wait_for(f"(document.querySelector('{sel(tj)}') || {{dataset: {{}}}}).dataset.status === 'interrupted'",
+                      timeout=10, message=f"the page does not show the task {tj} as interrupted")
+
         page.drain_events(0.2)
         assert not page.exceptions, f"JavaScript errors on the page: {page.exceptions}"
     except BaseException:
