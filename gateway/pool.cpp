@@ -6,6 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kgate/kernelspec.hpp"
+#include "kgate/process.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {
@@ -43,9 +45,23 @@ std::string pool_refusal(const KernelSpec& spec, const std::map<std::string, std
   bool ipykernel = std::any_of(spec.argv.begin(), spec.argv.end(),
                                [](const std::string& a) { return a.find("ipykernel") != std::string::npos; });
   if (!ipykernel) return "kernelspec " + spec.name + " does not run ipykernel";
-  for (const auto& [k, v] : env)
-    if (starts_with(k, "PYTHON") || starts_with(k, "LD_") || starts_with(k, "DYLD_"))
-      return "env " + k + " is read only when a Python process starts";
+  // A pooled kernel started with kgate's environment and the spec's env: a variable read only at
+  // start is no obstacle when the request asks for the value it already has (an agent's shell
+  // and kgate's often share PYTHONUNBUFFERED, PYTHONDONTWRITEBYTECODE, PYTHONPATH).
+  // Two are taken on at hand-out all the same: PYTHONDONTWRITEBYTECODE sets
+  // sys.dont_write_bytecode there, and PYTHONUNBUFFERED only changes sys.__stdout__ (the
+  // kernel's output goes through ipykernel's streams; child processes see os.environ).
+  std::optional<std::map<std::string, std::string>> here;
+  for (const auto& [k, v] : env) {
+    if (!starts_with(k, "PYTHON") && !starts_with(k, "LD_") && !starts_with(k, "DYLD_")) continue;
+    if (k == "PYTHONDONTWRITEBYTECODE" || k == "PYTHONUNBUFFERED") continue;
+    if (!here) here = current_environment();
+    std::optional<std::string> pooled;
+    if (auto s = spec.env.find(k); s != spec.env.end()) pooled = expand_env(s->second, *here);
+    else if (auto h = here->find(k); h != here->end()) pooled = h->second;
+    if (pooled != v) return "env " + k + " is read only when a Python process starts, and the warm kernels have " +
+                            (pooled ? "another value" : "none");
+  }
   return {};
 }
 

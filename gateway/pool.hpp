@@ -25,7 +25,8 @@ class Server;
 
 // Whether a start of `spec` with `env` can be served by a kernel that is already running, and if
 // not, why (a sentence).  Only ipykernel specs (the hand-out is Python code), and no variable that
-// a Python process reads only at start (PYTHON*, LD_*, DYLD_*).
+// a Python process reads only at start (PYTHON*, LD_*, DYLD_*) unless it has the value the warm
+// kernels started with (kgate's environment, then the spec's env).
 std::string pool_refusal(const KernelSpec& spec, const std::map<std::string, std::string>& env);
 
 class WarmPool {

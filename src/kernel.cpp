@@ -2602,6 +2602,9 @@ std::string handout_code(const HandOut& h) {
   auto lit = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
   std::string script = "import os, sys\n";
   if (!h.env.empty()) script += "os.environ.update(env)\n";
+  // The one start-only variable whose effect Python also exposes at run time (pool_refusal).
+  if (h.env.count("PYTHONDONTWRITEBYTECODE"))
+    script += "sys.dont_write_bytecode = bool(env['PYTHONDONTWRITEBYTECODE'])\n";
   if (!h.cwd.empty())
     script += "old = os.getcwd()\nos.chdir(cwd)\nsys.path[:] = [cwd if p == old else p for p in sys.path]\n";
   json ns = {{"env", h.env}, {"cwd", h.cwd.string()}};

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 
-from conftest import cmdline_of, wait_until
+from conftest import Kgate, cmdline_of, wait_until
 
 READY_WAIT = 30  # a pooled kernel's start on a loaded 2-core machine
 
@@ -258,3 +258,43 @@ def test_stop_removes_pooled_kernels(kgate_factory):
     assert kg.stop() == 0
     assert list(kg.runtime_dir.glob("pool-*.json")) == []
     assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), pids
+
+
+def test_startup_only_env_with_the_pools_own_value_is_served_warm(kgate_bin, tmp_path_factory):
+    """A PYTHON* variable is no obstacle when the request asks for the value the warm kernels
+    started with (kgate-mcp sends its whole environment, which shares such variables with kgate's)."""
+    kg = Kgate(kgate_bin, tmp_path_factory.mktemp("kgate"))
+    kg.env["PYTHONKGATEPOOLTEST"] = "same"
+    kg.start()
+    try:
+        wait_ready(kg)
+        before = python3_pool(kg)
+        model = kg.start_kernel({"name": "python3", "env": {"PYTHONKGATEPOOLTEST": "same"}})
+        after = python3_pool(kg)
+        assert after["handed_out"] == before["handed_out"] + 1, (before, after)
+        assert after["cold_starts"] == before["cold_starts"], (before, after)
+        kg.delete_kernel(model["id"])
+        wait_ready(kg)
+        before = python3_pool(kg)
+        model = kg.start_kernel({"name": "python3", "env": {"PYTHONKGATEPOOLTEST": "other"}})
+        after = python3_pool(kg)
+        assert after["cold_starts"] == before["cold_starts"] + 1, (before, after)
+        assert any("not from the pool (env PYTHONKGATEPOOLTEST is read only when a Python process starts, "
+                   "and the warm kernels have another value)" in line for line in kg.log_lines), kg.log_tail()
+        with kg.connect(model["id"]) as ws:
+            r = ws.execute("import os; assert os.environ['PYTHONKGATEPOOLTEST'] == 'other'")
+            assert r.status == "ok", r
+        kg.delete_kernel(model["id"])
+        # PYTHONDONTWRITEBYTECODE and PYTHONUNBUFFERED are taken on at hand-out, whatever kgate has.
+        wait_ready(kg)
+        before = python3_pool(kg)
+        model = kg.start_kernel({"name": "python3", "env": {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}})
+        after = python3_pool(kg)
+        assert after["handed_out"] == before["handed_out"] + 1, (before, after)
+        with kg.connect(model["id"]) as ws:
+            r = ws.execute("import os, sys; assert sys.dont_write_bytecode and os.environ['PYTHONUNBUFFERED'] == '1'")
+            assert r.status == "ok", r
+        kg.delete_kernel(model["id"])
+    finally:
+        kg.cleanup_kernels()
+        kg.stop()
