@@ -696,7 +696,7 @@ void JobStore::on_kernel_side_event(const KernelPtr& kernel, const json& content
     } else if (j && j->task && j->running()) {
       const std::string status = str_value(content, "status");
       std::size_t before = j->bytes();
-      if (status != "ok") {
+      if (status != "ok" && j->ename.empty()) {  // its iopub error (bounded like a cell's) was not heard
         j->ename = valid_utf8(str_value(content, "ename"));
         j->evalue = plain_text(str_value(content, "evalue"));
         j->traceback.clear();

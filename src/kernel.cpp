@@ -1181,13 +1181,16 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
         spdlog::warn("kernel {}: kgate's kernel side is off: {}", k.kernel->id(), side.value("reason", ""));
       // The task that runs now (a re-adopted kernel's, started under the kgate before): the
       // records keep its job running, and end any other task's whose end was not heard.
+      const bool says = side.contains("running_task");
       json running = side.value("running_task", json());
       side.erase("running_task");
       k.task = running.is_string() ? running.get<std::string>() : std::string();
       if (!k.task.empty()) spdlog::info("kernel {}: its background task {} still runs", k.kernel->id(), k.task);
       k.kernel->set_kernel_side(std::move(side));
-      json event = {{"event", "task_running"}, {"request", k.task}};
-      for (auto* o : observers) o->on_kernel_side_event(k.kernel, event);
+      if (says) {
+        json event = {{"event", "task_running"}, {"request", k.task}};
+        for (auto* o : observers) o->on_kernel_side_event(k.kernel, event);
+      }
       return;
     }
     if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {

@@ -79,8 +79,11 @@ json kernel_side_from_reply(const json& content) {
                                       ? off[name].get<std::string>()
                                       : std::string("not offered by this version of the kernel side"));
   }
-  json task = rep.contains("task") && rep["task"].is_string() ? rep["task"] : json(nullptr);
-  return {{"installed", true}, {"version", rep.value("version", 0)}, {"features", features}, {"running_task", task}};
+  json out = {{"installed", true}, {"version", rep.value("version", 0)}, {"features", features}};
+  // Version 2 on: the task that runs, or null (an older kernel side, kept by a re-adopted kernel,
+  // does not say, so nothing is concluded from it).
+  if (rep.contains("task")) out["running_task"] = rep["task"].is_string() ? rep["task"] : json(nullptr);
+  return out;
 }
 
 }  // namespace kgate

@@ -31,7 +31,8 @@ json kernel_side_install_request(const std::string& host);
 
 // The kernel side's state from that request's execute_reply content:
 //   {"installed": true, "version": N, "features": {name: true | "why off"},
-//    "running_task": the request of the background task that runs, or null}
+//    "running_task": the request of the background task that runs, or null (absent from a
+//    kernel side before version 2, which does not report it)}
 // (running_task is taken out by the caller: it is the moment's, not the kernel's state)
 //   {"installed": false, "reason": "..."} (the install raised, or an unreadable reply).
 json kernel_side_from_reply(const json& content);

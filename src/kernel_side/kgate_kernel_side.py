@@ -19,9 +19,9 @@
 #   absorbed), never in the next cell. A stale id stops nothing, and the reply names what runs.
 # - tasks: start_task(code), sent by kgate for the agent's execute(background=true), runs the
 #   code on a worker thread in the user's namespace, one task at a time. The task is announced
-#   on iopub (kgate_event task_start, then task_end with how it ended), and what the task thread
-#   prints goes out as stream messages under the starting request, so kgate files it under the
-#   task. The stop above raises KeyboardInterrupt in the task's thread
+#   on iopub (kgate_event task_start, then task_end with how it ended, after an iopub error with
+#   the traceback when it raised, as a cell's), and what the task thread prints goes out as
+#   stream messages under the starting request, so kgate files it under the task. The stop above raises KeyboardInterrupt in the task's thread
 #   (PyThreadState_SetAsyncExc) when `request` names the task.
 # - run_async: the cell magic %%run_async, for a person (qtconsole, a notebook): the rest of the
 #   cell becomes a background task, as above, with that cell's origin. A magic, so nothing is
@@ -56,7 +56,7 @@ import threading
 import time
 import traceback
 
-VERSION = 1
+VERSION = 2  # 2: the close, %%run_async, report()'s task, a task's error as an iopub error
 MODULE = "kgate_kernel_side"
 
 _state = None  # set by install(): {"host", "kernel", "features", "off"}
@@ -179,13 +179,17 @@ def _task_body(kernel, compiled, parent, request):
     global _task
     _local.parent = parent
     end = {"event": "task_end", "request": request, "status": "ok"}
+    error = None
     try:
         exec(compiled, _state["shell"].user_ns)
     except KeyboardInterrupt:
-        end.update(status="interrupted", ename="KeyboardInterrupt", evalue="", traceback=[])
+        end.update(status="interrupted", ename="KeyboardInterrupt", evalue="")
+        error = {"ename": "KeyboardInterrupt", "evalue": "",
+                 "traceback": ["KeyboardInterrupt: the background task was stopped"]}
     except BaseException as e:  # noqa: BLE001 (the task's own error, reported as its end)
-        end.update(status="error", ename=type(e).__name__, evalue=str(e),
-                   traceback=traceback.format_exception(type(e), e, e.__traceback__)[1:])
+        end.update(status="error", ename=type(e).__name__, evalue=str(e))
+        error = {"ename": type(e).__name__, "evalue": str(e),
+                 "traceback": traceback.format_exception(type(e), e, e.__traceback__)[1:]}
     finally:
         _local.parent = None
         while True:  # a stop that comes as the task ends lands here: absorbed
@@ -195,6 +199,8 @@ def _task_body(kernel, compiled, parent, request):
                 break
             except KeyboardInterrupt:
                 continue
+        if error:  # as a cell's: the person's console shows it, kgate records it (bounded)
+            kernel.session.send(kernel.iopub_socket, "error", error, parent=parent, ident=kernel._topic("error"))
         _publish(kernel, end, parent)
 
 

@@ -377,6 +377,7 @@ def test_a_background_task_is_its_own_job_beside_the_cells(kgate_factory):
     end = wait_job_end(kg, rec["job"], timeout=15)
     assert end["status"] == "error" and end["error"]["ename"] == "KeyError", end
     assert any("missing" in line for line in end["error"]["traceback"]), end
+    assert end["error"]["traceback"][-1].startswith("KeyError"), end
     # Code that does not compile fails in its starting cell: no task.
     status, rec = agent_execute(kg, kid, "def (:", "agent-a", wait=5, background=True)
     assert status == 200 and rec["status"] == "error" and rec["error"]["ename"] == "SyntaxError", rec
@@ -513,10 +514,18 @@ def test_a_person_starts_a_task_with_run_async(kgate_factory):
         beside = wait_for_job(kg, kid, lambda j: j.get("code") == "beside = 5" and j["status"] != "running",
                               what="the cell beside the task")
         assert "tock" not in get_job(kg, beside["job"])["output"]
-        # The person at the machine stops it (the observe page's Stop).
+        # The person at the machine stops it (the observe page's Stop); the person's console is
+        # told as for a cell: an error under that cell.
         status, reply = interrupt_job(kg, task["job"])
         assert status == 200, reply
         assert wait_job_end(kg, task["job"], timeout=10)["status"] == "interrupted"
+        start_request = get_job(kg, task["job"])["request"]
+        deadline = time.monotonic() + 10
+        while True:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == start_request:
+                assert msg["content"]["ename"] == "KeyboardInterrupt", msg
+                break
         # Misuse is the cell's error, and starts nothing.
         for bad in ("%%run_async now\nx = 1", "%%run_async\n"):
             r = kc.execute_interactive(bad, timeout=30)

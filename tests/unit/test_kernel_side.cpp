@@ -38,6 +38,17 @@ json report_reply(const std::string& text) {
            {{"kgate", {{"status", "ok"}, {"data", {{"text/plain", text}}}, {"metadata", json::object()}}}}}};
 }
 
+TEST(KernelSide, AReportNamesTheRunningTaskFromVersionTwoOn) {
+  json side = kernel_side_from_reply(report_reply(R"({"version": 2, "features": ["tasks"], "task": "msg-1"})"));
+  EXPECT_EQ(side["running_task"], "msg-1");
+  side = kernel_side_from_reply(report_reply(R"({"version": 2, "features": ["tasks"], "task": null})"));
+  ASSERT_TRUE(side.contains("running_task"));
+  EXPECT_TRUE(side["running_task"].is_null());
+  // Version 1 does not say: nothing may be concluded (a re-adopted kernel keeps its old side).
+  side = kernel_side_from_reply(report_reply(R"({"version": 1, "features": ["tasks"]})"));
+  EXPECT_FALSE(side.contains("running_task"));
+}
+
 TEST(KernelSide, AReportSaysWhichFeaturesAreOnAndWhyTheOthersAreOff) {
   json side = kernel_side_from_reply(report_reply(
       R"({"version": 1, "features": ["shutdown_guard"], "off": {"silent_echo": "ipykernel lacks _publish_execute_input"}})"));
