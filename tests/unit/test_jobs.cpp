@@ -916,3 +916,28 @@ TEST(JobStore, CodeAndLabelsThatAreNotUtf8AreRepairedNotThrown) {
   EXPECT_EQ(f.store->restarts(f.kernel->id()).at(0).reason, "restarted \uFFFD");
   EXPECT_NO_THROW(std::ignore = job_json(f.job(out.job), true, std::chrono::steady_clock::now()).dump());
 }
+
+// The listing copies a job's summary field by field (not its output): every field the summary
+// JSON has must come through, a task's mark included.
+TEST(JobStore, TheListingSaysWhatTheJobSays) {
+  Fixture f;
+  auto out = f.submit("a", "long_compute()", "agent label");
+  ASSERT_TRUE(out) << out.message;
+  const std::string req = f.last_request();
+  f.iopub("status", req, {{"execution_state", "busy"}}, "agent-session");
+  f.iopub("execute_input", req, {{"code", "long_compute()"}, {"execution_count", 3}}, "agent-session");
+  f.store->on_kernel_side_event(f.kernel, {{"event", "task_start"}, {"request", req}});
+  f.iopub("error", req, {{"ename", "ValueError"}, {"evalue", "bad"}, {"traceback", {"ValueError: bad"}}});
+  f.iopub("stream", req, {{"name", "stdout"}, {"text", "out\n"}});
+  const auto now = std::chrono::steady_clock::now();
+  for (bool ended : {false, true}) {
+    if (ended) f.store->on_kernel_side_event(f.kernel, {{"event", "task_end"}, {"request", req}, {"status", "error"}});
+    auto listed = f.store->list("", 0, 1000).jobs;
+    ASSERT_EQ(listed.size(), 1u);
+    json from_list = job_json(listed[0], false, now);
+    json from_job = job_json(f.job(out.job), false, now);
+    EXPECT_EQ(from_list, from_job);
+    EXPECT_EQ(from_list["task"], true);
+    EXPECT_EQ(from_list["status"], ended ? "error" : "running");
+  }
+}
