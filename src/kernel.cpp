@@ -1393,6 +1393,9 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
     }
     return;
   }
+  // The records first: a job that runs is lost to the shutdown, not "interrupted" by the close
+  // that stops it (a culled kernel's jobs already ended "culled").
+  if (!restart) lifecycle(k, KernelLifecycle::stopping, "the kernel was shut down");
   k.restart_requested = restart;
   k.closing.clear();  // a close still out for an earlier stop ends nothing now
   fail_pending(k, restart ? "KernelRestarted" : "KernelShutdown",

@@ -62,6 +62,7 @@ enum class KernelLifecycle {
   restarting,  // a restart began: the old process is going (or already gone)
   died,        // the process exited on its own, or a restart failed
   culled,      // kgate culls it for idleness (KernelManager::cull): it is being shut down
+  stopping,    // a shutdown began (DELETE, kgate stop --kernels): what runs is stopped by its close
 };
 
 // Receives everything kernels send.  Called on the I/O thread only: implementations must

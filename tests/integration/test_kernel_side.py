@@ -447,7 +447,7 @@ CLOSE_CELL = "try:\n    time.sleep(60)\nfinally:\n    _mark('cell')\n"
 
 def stop_busy_kernel(kg, kid, marks):
     """Starts a task and a cell that run until stopped, each marking its end in `marks`, then
-    DELETEs the kernel; returns (seconds the DELETE took, the marks made)."""
+    DELETEs the kernel; returns (seconds the DELETE took, the marks made, the two jobs)."""
     agent_run(kg, kid, CLOSE_SETUP.format(dir=str(marks)), "agent-a")
     status, task = agent_execute(kg, kid, CLOSE_TASK, "agent-a", wait=0, background=True)
     assert status == 200 and task["status"] == "running", task
@@ -455,7 +455,8 @@ def stop_busy_kernel(kg, kid, marks):
     kc = attach_client(kg, kid)
     try:
         kc.execute(CLOSE_CELL)
-        wait_for_job(kg, kid, lambda j: j.get("code") == CLOSE_CELL and j["status"] == "running", what="the cell")
+        cell = wait_for_job(kg, kid, lambda j: j.get("code") == CLOSE_CELL and j["status"] == "running",
+                            what="the cell")
     finally:
         kc.stop_channels()
     pid = kg.kernel_pid(kid)
@@ -463,20 +464,24 @@ def stop_busy_kernel(kg, kid, marks):
     kg.delete_kernel(kid)
     assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                       open(f"/proc/{pid}/stat").read().split()[2] == "Z", 15)
-    return time.monotonic() - t0, sorted(os.listdir(marks))
+    return time.monotonic() - t0, sorted(os.listdir(marks)), (task["job"], cell["job"])
 
 
 def test_a_busy_kernel_closes_before_it_stops(kgate_factory, tmp_path):
     kg, kid = kgate_with_kernel(kgate_factory)
     marks = tmp_path / "on"
     marks.mkdir()
-    took, made = stop_busy_kernel(kg, kid, marks)
+    took, made, jobs = stop_busy_kernel(kg, kid, marks)
     # The close stopped the cell and the task, their finally blocks ran, and the process then
     # ended by kgate's shutdown_request, so its atexit handlers ran too; no SIGTERM.
     assert made == ["atexit", "cell", "task"], (made, kg.log_tail(20))
     assert took < 4.0, took
     assert any("closed; stopped" in line and kid in line for line in kg.log_lines), kg.log_tail(20)
     assert not any("SIGTERM" in line and kid in line for line in kg.log_lines), kg.log_tail(20)
+    # The records say the shutdown ended them, not an interrupt.
+    for job in jobs:
+        rec = get_job(kg, job)
+        assert rec["status"] == "kernel_lost" and "the kernel was shut down" in rec["note"], rec
 
     # With the close off (close_grace_ms = 0), the same kernel is ended by SIGTERM after the
     # grace: no finally block of the cell, no atexit handler.
@@ -487,7 +492,7 @@ def test_a_busy_kernel_closes_before_it_stops(kgate_factory, tmp_path):
     assert_on(kernel_side(kg2, kid2))
     marks2 = tmp_path / "off"
     marks2.mkdir()
-    took2, made2 = stop_busy_kernel(kg2, kid2, marks2)
+    took2, made2, _ = stop_busy_kernel(kg2, kid2, marks2)
     assert "cell" not in made2 and "atexit" not in made2, made2
     assert any("SIGTERM" in line and kid2 in line for line in kg2.log_lines), kg2.log_tail(20)
 
