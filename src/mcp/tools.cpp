@@ -210,8 +210,9 @@ const char* kExecuteDesc =
     "for it or read it later, and interrupt to stop it. Do not re-run it.\n\n"
     "Only one cell runs at a time in a kernel and an agent's cell does not queue: if the user "
     "(a person attached to the same kernel) or an earlier job is running, the call is refused "
-    "and names the running job: wait for it with poll_job. input() is not available (it "
-    "raises StdinNotImplementedError). Output is cleaned (ANSI colours removed, progress bars "
+    "and names the running job: wait for it with poll_job. input() asks the user through the "
+    "client when it supports MCP elicitation; otherwise it raises StdinNotImplementedError, so "
+    "pass values in the code. Output is cleaned (ANSI colours removed, progress bars "
     "collapsed) and capped; print summaries rather than huge dumps. When the user ran cells "
     "since your last call, the reply ends with a note naming them: read them with poll_job, "
     "since variables may have changed.";
@@ -251,8 +252,8 @@ const char* kInterruptDesc =
 const char* kVerifyDesc =
     "Check that code works from a clean start (Restart & Run All) without touching the working "
     "kernel: starts a fresh scratch kernel (same kernelspec, environment and working directory, "
-    "startup.py run; on the same launcher when it runs on one), runs each cell as its own recorded request, stops at the first error unless "
-    "keep_going, reports each cell (status, first lines of output, the error), then stops the "
+    "startup.py run; on the same launcher when it runs on one), runs each cell as its own "
+    "recorded request, stops at the first error unless keep_going, reports each cell (status, first lines of output, the error), then stops the "
     "scratch kernel. The current kernel and its variables are unchanged.";
 
 const char* kStatusDesc =
