@@ -253,8 +253,9 @@ const char* kVerifyDesc =
     "Check that code works from a clean start (Restart & Run All) without touching the working "
     "kernel: starts a fresh scratch kernel (same kernelspec, environment and working directory, "
     "startup.py run; on the same launcher when it runs on one), runs each cell as its own "
-    "recorded request, stops at the first error unless keep_going, reports each cell (status, first lines of output, the error), then stops the "
-    "scratch kernel. The current kernel and its variables are unchanged.";
+    "recorded request, stops at the first error unless keep_going, reports each cell (status, "
+    "first lines of output, the error), then stops the scratch kernel. The current kernel and "
+    "its variables are unchanged.";
 
 const char* kStatusDesc =
     "Describe the connection: the gateway, the current kernel and its state, the job running "
