@@ -980,13 +980,15 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
       out.refusal = Refusal::busy;
       out.running_job = r->id();
       bool own = r->origin != JobOrigin::user && r->agent == agent.agent;
-      out.message = r->task ? r->id() + (own ? " (yours)" : "") +
-                                  ", a background task, is running on this kernel; execute is refused while it "
-                                  "runs: wait for it (poll_job) or stop it (interrupt)."
+      const std::string who = r->origin == JobOrigin::user ? "user" : "other agent";
+      out.message = r->task && own ? r->id() + " (yours), a background task, is running on this kernel; execute is "
+                                               "refused while it runs: wait for it (poll_job) or stop it (interrupt)."
+                    : r->task ? "The " + who + "'s background task " + r->id() +
+                                    " is running on this kernel; execute is refused while it runs: wait for it "
+                                    "(poll_job), or ask the " + who + " to stop it (it is not yours to stop)."
                     : own ? r->id() + " (yours) is still running on this kernel; wait for it or stop it "
                               "before starting another."
-                        : "The " + std::string(r->origin == JobOrigin::user ? "user" : "other agent") +
-                              " is running a cell (" + r->id() + ") in this kernel. Only one job runs "
+                        : "The " + who + " is running a cell (" + r->id() + ") in this kernel. Only one job runs "
                               "at a time and the agent does not queue: wait for it to end.";
       return out;
     }

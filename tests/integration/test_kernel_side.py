@@ -513,6 +513,11 @@ def test_a_person_starts_a_task_with_run_async(kgate_factory):
         # The agent does not run beside it, and is told which job runs.
         status, reply = agent_execute(kg, kid, "1 + 1", "agent-a")
         assert status == 409 and reply["refusal"] == "busy" and reply["running_job"] == task["job"], reply
+        assert "The user's background task " + task["job"] in reply["message"], reply
+        assert "ask the user to stop it" in reply["message"], reply
+        # Nor may the agent stop it: it is the person's.
+        status, reply = interrupt_job(kg, task["job"], agent="agent-a")
+        assert status == 403, reply
         # The person's next cell runs meanwhile, recorded on its own.
         r = kc.execute_interactive("beside = 5", timeout=30)
         assert r["content"]["status"] == "ok", r
