@@ -163,7 +163,7 @@ def test_observe_page(kgate_factory, browser):
         # 6. A background task is marked as one, and the person stops it from its row.
         status, _, task = kg.rest("POST", f"/api/kgate/kernels/{kid}/execute",
                                   {"code": "import time\nwhile True:\n    time.sleep(0.05)", "agent": AGENT,
-                                   "wait": 1, "background": True})
+                                   "label": "e2e", "wait": 1, "background": True})
         assert status == 200 and task["status"] == "running" and task["task"] is True, task
         tj = task["job"]
         page.wait_for(f"(document.querySelector('{sel(tj)}') || {{dataset: {{}}}}).dataset.task === '1' && "
@@ -175,6 +175,21 @@ def test_observe_page(kgate_factory, browser):
         assert get_job(kg, tj, wait=15)["status"] == "interrupted"
         page.wait_for(f"(document.querySelector('{sel(tj)}') || {{dataset: {{}}}}).dataset.status === 'interrupted'",
                       timeout=10, message=f"the page does not show the task {tj} as interrupted")
+
+        # 7. A shutdown refused to a client attached by connection file shows on its kernel.
+        assert not page.evaluate(f"!!document.querySelector('.kernel[data-kernel=\"{kid}\"] .side')")
+        from records_util import attach_client
+        kc = attach_client(kg, kid)
+        try:
+            kc.control_channel.send(kc.session.msg("shutdown_request", {"restart": False}))
+            assert kc.get_control_msg(timeout=15)["content"]["status"] == "error"
+        finally:
+            kc.stop_channels()
+        side = page.wait_for(f"(document.querySelector('.kernel[data-kernel=\"{kid}\"] .side') || "
+                             "{textContent: ''}).textContent",
+                             timeout=20, message="the refused shutdown is not shown on its kernel")
+        assert "refused 1 shutdown request from other clients, the last from user" in side, side
+        page.screenshot(artifacts_dir() / "observe-kernel-side.png")
 
         page.drain_events(0.2)
         assert not page.exceptions, f"JavaScript errors on the page: {page.exceptions}"
