@@ -84,6 +84,16 @@ void metrics_page(Call& c) {
   p.sample("kgate_kernel_start_failures_total", static_cast<double>(counts.start_failures));
   p.family("kgate_kernel_restarts_total", "counter", "Kernel restarts that came back ready.");
   p.sample("kgate_kernel_restarts_total", static_cast<double>(counts.restarts));
+  // The kernel side (README "kgate's kernel side").
+  p.family("kgate_kernel_refused_shutdowns_total", "counter",
+           "shutdown_requests from clients other than kgate that the kernel side refused.");
+  p.sample("kgate_kernel_refused_shutdowns_total", static_cast<double>(counts.refused_shutdowns));
+  p.family("kgate_background_tasks_total", "counter", "Background tasks started (execute background, %%run_async).");
+  p.sample("kgate_background_tasks_total", static_cast<double>(counts.tasks_started));
+  p.family("kgate_kernel_closes_total", "counter",
+           "Closes sent before a shutdown or restart, by whether the kernel answered within close_grace_ms.");
+  p.sample("kgate_kernel_closes_total", static_cast<double>(counts.closes_answered), {{"answered", "true"}});
+  p.sample("kgate_kernel_closes_total", static_cast<double>(counts.closes_unanswered), {{"answered", "false"}});
 
   // Executions, from the job records.
   JobStats js = server.jobs().stats();

@@ -426,6 +426,7 @@ struct KernelManager::Impl {
   std::filesystem::path runtime_dir;
   // KernelManager::counters(): written on kgate-io, read anywhere.
   std::atomic<std::uint64_t> started{0}, start_failures{0}, restarts{0};
+  std::atomic<std::uint64_t> refused_shutdowns{0}, tasks_started{0}, closes_answered{0}, closes_unanswered{0};
   std::vector<KernelObserver*> observers;
   KernelTable table;  // I/O thread only
 
@@ -906,8 +907,10 @@ void KernelManager::Impl::kernel_side_event(KernelIo& k, const KernelMessage& m)
                  who["restart"].get<bool>() ? "restart (shutdown_request)" : "shutdown_request",
                  who["session"].get<std::string>(), who["username"].get<std::string>());
     k.kernel->add_refused(std::move(who));
+    ++refused_shutdowns;
   } else if (event == "task_start") {
     k.task = content.value("request", "");
+    ++tasks_started;
   } else if (event == "task_end" && content.value("request", "") == k.task) {
     k.task.clear();
   }
@@ -1423,6 +1426,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
         // Gone, superseded by another stop, or its process already exited (being removed).
         if (!kk || kk->closing != sent || kk->phase != Phase::stopping || !kk->sockets_open()) return;
         kk->closing.clear();
+        ++(answer ? closes_answered : closes_unanswered);
         if (!answer)
           spdlog::warn("kernel {}: no answer to the close within {} ms; shutting it down", id,
                        opts.close_grace.count() + 1000);
@@ -2837,7 +2841,15 @@ std::vector<KernelPtr> KernelManager::list() const {
 }
 
 KernelManager::Counters KernelManager::counters() const {
-  return {impl_->started.load(), impl_->start_failures.load(), impl_->restarts.load()};
+  Counters c;
+  c.started = impl_->started.load();
+  c.start_failures = impl_->start_failures.load();
+  c.restarts = impl_->restarts.load();
+  c.refused_shutdowns = impl_->refused_shutdowns.load();
+  c.tasks_started = impl_->tasks_started.load();
+  c.closes_answered = impl_->closes_answered.load();
+  c.closes_unanswered = impl_->closes_unanswered.load();
+  return c;
 }
 
 std::size_t KernelManager::count() const {

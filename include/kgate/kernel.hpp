@@ -321,9 +321,12 @@ class KernelManager {
 
   // Since this kgate started (for /metrics): kernels that became ready after a launch (pooled
   // ones included; a re-adopted one is not launched), launches that failed (a failed restart
-  // too), and restarts that came back ready.  Any thread.
+  // too), and restarts that came back ready; from the kernel side (DEV.md §14): shutdown
+  // requests it refused to other clients, background tasks started, and closes before a stop,
+  // answered or not.  Any thread.
   struct Counters {
     std::uint64_t started = 0, start_failures = 0, restarts = 0;
+    std::uint64_t refused_shutdowns = 0, tasks_started = 0, closes_answered = 0, closes_unanswered = 0;
   };
   Counters counters() const;
 

@@ -44,7 +44,8 @@ def test_metrics_count_what_happens(kgate_factory):
                    "kgate_executions", "kgate_execution_duration_seconds", "kgate_websocket_connections",
                    "kgate_websocket_sent_bytes", "kgate_websocket_dropped_messages",
                    "kgate_websocket_replayed_messages", "kgate_records_bytes", "kgate_records_evicted",
-                   "kgate_pool_hits", "kgate_pool_misses", "kgate_sessions"):
+                   "kgate_pool_hits", "kgate_pool_misses", "kgate_sessions", "kgate_kernel_refused_shutdowns",
+                   "kgate_background_tasks", "kgate_kernel_closes"):
         assert family in m0, f"{family} missing from /metrics: {sorted(m0)}"
 
     kid = kg.start_kernel()["id"]
@@ -57,6 +58,10 @@ def test_metrics_count_what_happens(kgate_factory):
     kc = attach_client(kg, kid)
     try:
         content, _ = kc_run(kc, "print('from the user')")
+        assert content["status"] == "ok"
+        kc.control_channel.send(kc.session.msg("shutdown_request", {"restart": False}))
+        assert kc.get_control_msg(timeout=15)["content"]["status"] == "error"  # refused: counted
+        content, _ = kc_run(kc, "%%run_async\nx_task = 1")  # a task: counted
         assert content["status"] == "ok"
         wait_job_end(kg, wait_for_job(kg, kid, lambda j: "from the user" in j["code"], what="the user's cell")["job"])
     finally:
@@ -74,6 +79,10 @@ def test_metrics_count_what_happens(kgate_factory):
     assert value(m, "kgate_kernels", state="idle") >= 1
     assert value(m, "kgate_kernel_starts") >= started0 + 1
     assert value(m, "kgate_kernel_restarts") == 1
+    assert value(m, "kgate_kernel_refused_shutdowns") == 1
+    assert value(m, "kgate_background_tasks") == 1
+    assert value(m, "kgate_kernel_closes", answered="true") == 1  # the restart's
+    assert value(m, "kgate_kernel_closes", answered="false") == 0
     assert value(m, "kgate_executions", origin="mcp", status="ok") >= 1
     assert value(m, "kgate_executions", origin="mcp", status="error") == 1
     assert value(m, "kgate_executions", origin="user", status="ok") >= 2  # the attached client's and the websocket's
