@@ -1498,7 +1498,17 @@ ToolReply Translator::server_status(Call&) {
   if (kj.contains("kgate_placement") && kj["kgate_placement"].is_object())
     out += "\nruns " + kgate::client::placement_text(kj["kgate_placement"]) +
            (kj.value("execution_state", "") == "starting" ? " — queued: execute works once it runs" : "");
-  if (kj.contains("running_job") && kj["running_job"].is_string()) out += "\nrunning: " + kj["running_job"].get<std::string>();
+  if (kj.contains("running_job") && kj["running_job"].is_string()) {
+    const std::string job = kj["running_job"].get<std::string>();
+    out += "\nrunning: " + job;
+    // A background task says whose it is: the agent may stop its own, not the user's.
+    auto r = http->get("api/kgate/jobs/" + job, 5s);
+    json rec = r.status == 200 ? r.json_body() : json();
+    if (rec.is_object() && rec.value("task", false))
+      out += rec.value("origin", "") == "user" ? " (the user's background task)"
+             : rec.value("agent", "") == agent_ ? " (your background task: interrupt(job='" + job + "') stops it)"
+                                                : " (another agent's background task)";
+  }
   if (kj.contains("kgate_kernel_side") && kj["kgate_kernel_side"].is_object()) out += kernel_side_text(kj["kgate_kernel_side"]);
   if (kj.contains("claim") && kj["claim"].is_object()) {
     auto& cl = kj["claim"];

@@ -407,6 +407,8 @@ def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
         assert job in text and "background task" in text, text
         text = agent.ok("poll_job", job=job, wait=1)
         assert "tick" in text, text
+        status = agent.ok("server_status")
+        assert f"running: {job} (your background task: interrupt(job='{job}') stops it)" in status, status
         text = agent.ok("interrupt", job=job)
         assert job in text and "interrupted" in text, text
         assert agent.ok("execute", code="print('after')").startswith("after")
