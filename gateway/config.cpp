@@ -13,6 +13,7 @@
 
 #include <toml++/toml.h>
 
+#include "api.hpp"  // is_loopback_address
 #include "kgate/connection.hpp"
 
 namespace kgate::gw {
@@ -149,7 +150,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
       if (section == "server") {
         if (key == "ip") opts.ip = r.str(node, full);
         else if (key == "port") opts.port = int(r.integer(node, full, 0, 65535));
-        else if (key == "token") opts.token = r.str(node, full);
+        else if (key == "token") {
+          opts.token = r.str(node, full);  // "" = serve without a token
+          opts.token_source = opts.token.empty() ? TokenSource::none : TokenSource::given;
+        }
         else if (key == "token_file") {
           std::string file = r.str(node, full);
           std::ifstream in(file);
@@ -159,6 +163,7 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
           while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
           if (line.empty()) r.fail(full, file + " is empty: its first line must be the token");
           opts.token = line;
+          opts.token_source = TokenSource::given;
         } else if (key == "base_url") opts.base_url = r.str(node, full);
         else if (key == "runtime_dir") opts.runtime_dir = r.str(node, full);
         else if (key == "state_dir") {
@@ -292,6 +297,19 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
   if (total > GatewayOptions::Pool::kMaxTotal)
     r.fail("pool", "asks for " + std::to_string(total) + " warm kernels in all; at most " +
                        std::to_string(GatewayOptions::Pool::kMaxTotal));
+}
+
+std::string unsafe_settings(const GatewayOptions& opts) {
+  if (opts.token_source != TokenSource::none) return "";
+  if (opts.tcp && !is_loopback_address(opts.ip))
+    return "refusing to listen on " + opts.ip +
+           " without a token: anyone who can reach it could run code as you. Leave out --no-token "
+           "(and token = \"\" in kgate.toml), or bind 127.0.0.1";
+  for (const auto& o : opts.allow_origins)
+    if (o == "*")
+      return "refusing allow_origins = [\"*\"] without a token: any web page could run code as you. "
+             "Leave out --no-token (and token = \"\"), or list the origins";
+  return "";
 }
 
 }  // namespace kgate::gw

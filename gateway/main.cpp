@@ -32,10 +32,16 @@ int main(int argc, char** argv) {
   int port = -1;
   serve->add_option("--ip", ip, "Address to bind (default 127.0.0.1). A non-loopback address requires a token");
   serve->add_option("--port", port, "TCP port (default 8787; 0 picks a free port and logs it)")->check(CLI::Range(0, 65535));
-  serve->add_option("--token", token,
-                    "Require this token: 'Authorization: token T' or ?token=T (also $KGATE_TOKEN; "
-                    "prefer the env var or token_file: argv is visible to other users)")
-      ->envname("KGATE_TOKEN");
+  auto* token_opt = serve->add_option("--token", token,
+                                      "Require this token: 'Authorization: token T' or ?token=T (also $KGATE_TOKEN; "
+                                      "prefer the env var or token_file: argv is visible to other users). "
+                                      "Default: kgate's own, made at the first start and kept in the state dir")
+                           ->envname("KGATE_TOKEN");
+  bool no_token = false;
+  serve->add_flag("--no-token", no_token,
+                  "Serve without a token (as token = \"\" in kgate.toml): every local user of this machine "
+                  "could run code as you. Refused with a non-loopback --ip")
+      ->excludes(token_opt);
   serve->add_option("--config", config, "kgate.toml to read (default $XDG_CONFIG_HOME/kgate/kgate.toml if it exists)");
   serve->add_option("--runtime-dir", runtime_dir,
                     "Where connection files go (default $JUPYTER_RUNTIME_DIR, else ~/.local/share/jupyter/runtime)");
@@ -186,7 +192,14 @@ int main(int argc, char** argv) {
     if (use_cfg) kgate::gw::load_config_file(cfg, o);
     if (!ip.empty()) o.ip = ip;
     if (port >= 0) o.port = port;
-    if (!token.empty()) o.token = token;
+    if (!token.empty()) {
+      o.token = token;
+      o.token_source = kgate::gw::TokenSource::given;
+    }
+    if (no_token) {
+      o.token.clear();
+      o.token_source = kgate::gw::TokenSource::none;
+    }
     if (!runtime_dir.empty()) o.runtime_dir = runtime_dir;
     if (!state_dir.empty()) o.state_dir = state_dir;
     if (unix_opt->count()) {
@@ -205,10 +218,8 @@ int main(int argc, char** argv) {
     std::cerr << "kgate: " << e.what() << "\n";
     return 2;
   }
-  if (opts.tcp && !kgate::gw::is_loopback_address(opts.ip) && opts.token.empty()) {
-    std::cerr << "kgate: refusing to listen on " << opts.ip
-              << " without a token: anyone who can reach it could run code as you. Set --token, "
-                 "$KGATE_TOKEN or token_file in kgate.toml, or bind 127.0.0.1.\n";
+  if (auto why = kgate::gw::unsafe_settings(opts); !why.empty()) {
+    std::cerr << "kgate: " << why << ".\n";
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
@@ -219,12 +230,14 @@ int main(int argc, char** argv) {
     server.set_reloader(load);
     auto ep = server.listen();
     const auto& o = server.options();
-    std::string tail = std::string("token ") + (o.token.empty() ? "off" : "required") + "; connection files in " +
-                       o.runtime_dir.string() + "; state in " + o.state_dir.string();
+    std::string tail = kgate::gw::token_summary(o) + "; connection files in " + o.runtime_dir.string() +
+                       "; state in " + o.state_dir.string();
     if (o.tcp) {
       std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
       spdlog::info("kgate {} listening on {}://{}:{}{} ({})", KGATE_VERSION, server.tls() ? "https" : "http", host,
                    ep.port(), o.base_url, tail);
+      kgate::gw::log_observe_url(o, std::string(server.tls() ? "https" : "http") + "://" + host + ":" +
+                                        std::to_string(ep.port()) + o.base_url);
       if (!server.tls() && !kgate::gw::is_loopback_address(o.ip))
         spdlog::warn("serving {} without TLS: the token and the code travel in clear text on the network; "
                      "give --certfile and --keyfile (or put an https proxy in front)", o.ip);

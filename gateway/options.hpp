@@ -22,10 +22,18 @@ enum class EnvPolicy {
   filtered,   // always KERNEL_* plus env_allow
 };
 
+// Where the token comes from (DEV.md §9, "The token").
+enum class TokenSource {
+  automatic,  // kgate's own, kept in the state dir (StateDir::token); not asked on the Unix socket
+  given,      // --token, $KGATE_TOKEN, token or token_file in kgate.toml; asked everywhere
+  none,       // --no-token or token = "": no auth (refused for a non-loopback bind)
+};
+
 struct GatewayOptions {
   std::string ip = "127.0.0.1";
   int port = 8787;
-  std::string token;  // empty = no auth (refused for a non-loopback bind)
+  TokenSource token_source = TokenSource::automatic;
+  std::string token;  // empty only with TokenSource::none (Server fills in the automatic one)
   std::string base_url = "/";
   std::filesystem::path runtime_dir;  // default: jupyter_runtime_dir()
   std::filesystem::path state_dir;    // default: default_state_dir(), $XDG_STATE_HOME/kgate

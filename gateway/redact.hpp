@@ -8,14 +8,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kgate/client/endpoint.hpp"
+
 namespace kgate::gw {
 
 // True for a query parameter whose value is a credential: `token` (the Jupyter URL token),
 // and any name with "token" or "xsrf" in it (`access_token`, `_xsrf`), compared
-// case-insensitively. The name is compared as sent (still %-encoded): an encoded name is not a
-// name any client of kgate's sends, and kgate's own parser does not decode names either.
-inline bool is_secret_param(std::string_view name) {
-  std::string lower(name);
+// case-insensitively after %-decoding, as request_token reads names (`%74oken` is `token`).
+// A name that does not decode is taken for a secret one.
+inline bool is_secret_param(std::string_view raw_name) {
+  std::string lower;
+  if (!client::percent_decode(raw_name, lower, true)) return true;
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
   return lower.find("token") != std::string::npos || lower.find("xsrf") != std::string::npos;
 }

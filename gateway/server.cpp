@@ -1,6 +1,8 @@
 // The daemon: owns the Asio context, the listener, the hub and the kernel manager.
 #include "server.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <set>
 
@@ -9,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api.hpp"
+#include "config.hpp"
 #include "http_session.hpp"
 #include "service.hpp"
 #include "stream.hpp"
@@ -40,6 +43,11 @@ Server::Server(GatewayOptions opts)
       signals_(ioc_, SIGINT, SIGTERM),
       hup_(ioc_, SIGHUP) {
   opts_.state_dir = state_.path();
+  if (opts_.token_source == TokenSource::automatic) {
+    bool created = false;
+    opts_.token = state_.token(&created);
+    if (created) spdlog::info("made kgate's token, in {}", (opts_.state_dir / "token").string());
+  }
   if (state_.tightened())
     spdlog::warn("state directory {} was open to other users; it is mode 0700 now", state_.path().string());
   if (opts_.runtime_dir.empty()) opts_.runtime_dir = jupyter_runtime_dir();
@@ -310,9 +318,12 @@ void Server::reload() {
     spdlog::error("SIGHUP: {}; keeping the running settings", e.what());
     return;
   }
-  if (!is_loopback_address(opts_.ip) && n.token.empty()) {
-    spdlog::error("SIGHUP: the new settings have no token but kgate listens on {}; keeping the running settings",
-                  opts_.ip);
+  if (n.token_source == TokenSource::automatic) n.token = state_.token();
+  GatewayOptions served = n;  // ip and tcp are read at start only: check the ones kgate serves
+  served.ip = opts_.ip;
+  served.tcp = opts_.tcp;
+  if (auto why = unsafe_settings(served); !why.empty()) {
+    spdlog::error("SIGHUP: {}; keeping the running settings", why);
     return;
   }
   std::vector<std::string> restart;  // read once at start: named, not changed
@@ -357,6 +368,7 @@ void Server::reload() {
                 "[discovery]");
   bool token_changed = n.token != opts_.token;
   opts_.token = std::move(n.token);
+  opts_.token_source = n.token_source;
   opts_.allow_origins = std::move(n.allow_origins);
   opts_.allow_hosts = std::move(n.allow_hosts);
   opts_.env_policy = n.env_policy;
@@ -381,8 +393,8 @@ void Server::reload() {
   }
   opts_.pool = std::move(n.pool);
   pool_->configure();
-  spdlog::info("SIGHUP: settings reloaded (token {}{}, max_kernels {}, pool size {})",
-               opts_.token.empty() ? "off" : "required", token_changed ? ", changed" : "",
+  spdlog::info("SIGHUP: settings reloaded ({}{}, max_kernels {}, pool size {})",
+               token_summary(opts_), token_changed ? ", changed" : "",
                opts_.max_kernels, opts_.pool.size);
   for (const auto& key : restart) spdlog::warn("SIGHUP: {} changed; it takes a restart of kgate", key);
   warn_default_kernel(n.default_kernel, "SIGHUP: ");
@@ -428,5 +440,34 @@ void Server::warn_default_kernel(const std::string& default_kernel, const char* 
 }
 
 std::string Server::last_activity() const { return last_activity_; }
+
+std::string token_summary(const GatewayOptions& o) {
+  switch (o.token_source) {
+    case TokenSource::automatic: return "token kgate's own, in " + (o.state_dir / "token").string();
+    case TokenSource::given: return "token required";
+    case TokenSource::none: break;
+  }
+  return "token OFF";
+}
+
+void log_observe_url(const GatewayOptions& o, const std::string& base) {
+  const std::string url = base + "observe";
+  switch (o.token_source) {
+    case TokenSource::automatic:
+      if (stderr_is_journal())
+        spdlog::info("observe page: {}?token=<the token in {}>", url, (o.state_dir / "token").string());
+      else
+        spdlog::info("observe page: {}?token={}", url, o.token);
+      return;
+    case TokenSource::given:
+      spdlog::info("observe page: {}?token=<your token>", url);
+      return;
+    case TokenSource::none:
+      break;
+  }
+  spdlog::info("observe page: {}", url);
+  spdlog::warn("serving without a token (--no-token or token = \"\"): every local user of this machine can "
+               "run code as uid {} through it; the Unix socket alone checks who connects", ::geteuid());
+}
 
 }  // namespace kgate::gw

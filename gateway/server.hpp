@@ -150,4 +150,11 @@ class Server {
   bool stopping_ = false;
 };
 
+// "token kgate's own (STATE/token)", "token required" or "token OFF": for the listening lines.
+std::string token_summary(const GatewayOptions& o);
+// Logs where the observe page is, for a person to open: with ?token= for kgate's own token
+// (as jupyter_server prints its URL), except under journald, where the line names the token's
+// file instead (the journal is kept, and read by more than the owner's terminal).
+void log_observe_url(const GatewayOptions& o, const std::string& base);
+
 }  // namespace kgate::gw

@@ -26,6 +26,7 @@ json to_json(const Session& s) {
 
 SessionStore::SessionStore(std::filesystem::path file) : file_(std::move(file)) {
   if (file_.empty()) return;
+  writer_ = std::thread([this] { write_loop(); });
   std::error_code ec;
   if (!std::filesystem::exists(file_, ec)) return;
   std::ifstream in(file_);
@@ -43,10 +44,14 @@ SessionStore::SessionStore(std::filesystem::path file) : file_(std::move(file)) 
       s.type = e.at("type").get<std::string>();
       s.kernel_id = e.at("kernel_id").get<std::string>();
       s.started_kernel = e.value("started_kernel", false);
-      if (sessions_.size() < kMaxSessions) sessions_.push_back(std::move(s));
+      if (sessions_.size() < kMaxSessions && bytes_of(s) <= 3 * kMaxFieldBytes && bytes_ + bytes_of(s) <= kMaxTotalBytes) {
+        bytes_ += bytes_of(s);
+        sessions_.push_back(std::move(s));
+      }
     }
   } catch (const std::exception& e) {
     sessions_.clear();
+    bytes_ = 0;
     auto bad = file_;
     bad += ".bad";
     std::filesystem::rename(file_, bad, ec);
@@ -67,7 +72,10 @@ std::size_t SessionStore::prune(const std::function<bool(const std::string&)>& a
                                  }),
                   sessions_.end());
   auto dropped = before - sessions_.size();
-  if (dropped) save();
+  if (dropped) {
+    recount();
+    save();
+  }
   return dropped;
 }
 
@@ -90,6 +98,7 @@ bool SessionStore::kernel_shared(const std::string& kernel_id, const std::string
 }
 
 void SessionStore::add(Session s) {
+  bytes_ += bytes_of(s);
   sessions_.push_back(std::move(s));
   save();
 }
@@ -97,25 +106,60 @@ void SessionStore::add(Session s) {
 void SessionStore::update(const Session& s) {
   for (auto& mine : sessions_)
     if (mine.id == s.id) mine = s;
+  recount();
   save();
 }
 
 void SessionStore::remove(const std::string& id) {
   sessions_.erase(std::remove_if(sessions_.begin(), sessions_.end(), [&](const Session& s) { return s.id == id; }),
                   sessions_.end());
+  recount();
   save();
+}
+
+void SessionStore::recount() {
+  bytes_ = 0;
+  for (const auto& s : sessions_) bytes_ += bytes_of(s);
 }
 
 void SessionStore::save() {
   if (file_.empty()) return;
   json list = json::array();
   for (const auto& s : sessions_) list.push_back(to_json(s));
-  try {
-    write_file_atomically(file_, json{{"version", kFileVersion}, {"sessions", list}}.dump());
-  } catch (const std::exception& e) {
-    // The sessions still work in memory; only a restart of kgate would lose them.
-    spdlog::warn("sessions not saved: {}", e.what());
+  std::string text = json{{"version", kFileVersion}, {"sessions", list}}.dump();
+  {
+    std::lock_guard lock(mu_);
+    pending_ = std::move(text);  // an older snapshot not yet written is superseded
   }
+  wake_.notify_one();
+}
+
+void SessionStore::write_loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    wake_.wait(lock, [this] { return stop_ || pending_; });
+    if (!pending_) return;  // stopping, nothing left
+    std::string text = std::move(*pending_);
+    pending_.reset();
+    lock.unlock();
+    try {
+      write_file_atomically(file_, text);
+    } catch (const std::exception& e) {
+      // The sessions still work in memory; only a restart of kgate would lose them.
+      spdlog::warn("sessions not saved: {}", e.what());
+    }
+    lock.lock();
+  }
+}
+
+SessionStore::~SessionStore() {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  writer_.join();
 }
 
 }  // namespace kgate::gw

@@ -117,6 +117,19 @@ void release_kernel(Server& server, const Session& s, const char* why, std::func
   server.manager().shutdown(s.kernel_id, [&server, then = std::move(then)](bool) { net::post(server.ioc(), then); });
 }
 
+// Why `s` may not be kept (413), replacing a session of `replaced` bytes, or "".
+std::string too_big(const SessionStore& store, const Session& s, std::size_t replaced = 0) {
+  const std::pair<const char*, const std::string*> fields[] = {{"path", &s.path}, {"name", &s.name}, {"type", &s.type}};
+  for (const auto& [name, value] : fields)
+    if (value->size() > SessionStore::kMaxFieldBytes)
+      return std::string("the session's ") + name + " is " + std::to_string(value->size()) + " bytes; at most " +
+             std::to_string(SessionStore::kMaxFieldBytes) + " are kept";
+  if (store.bytes() - replaced + SessionStore::bytes_of(s) > SessionStore::kMaxTotalBytes)
+    return "kgate's sessions hold " + std::to_string(store.bytes()) + " bytes of paths, names and types, and " +
+           std::to_string(SessionStore::kMaxTotalBytes) + " is their limit: delete one first (DELETE /api/sessions/{id})";
+  return "";
+}
+
 }  // namespace
 
 void sessions_list(Call& c) {
@@ -157,6 +170,7 @@ void session_create(Call& c) {
                    "kgate holds " + std::to_string(SessionStore::kMaxSessions) +
                        " sessions, its limit: delete one first (DELETE /api/sessions/{id})");
   Session s{new_uuid(), *path, name.value_or(""), *type, "", false};
+  if (auto why = too_big(server.sessions(), s); !why.empty()) return r.error(http::status::payload_too_large, why);
   if (!kernel->id.empty()) {
     // On a running kernel, an agent's for instance: it is shared, never shut down by the session.
     if (!kernel_alive(server, kernel->id)) return r.error(http::status::bad_request, "No such kernel: " + kernel->id);
@@ -176,6 +190,10 @@ void session_create(Call& c) {
                          if (server.sessions().full()) {
                            server.manager().shutdown(id, [](bool) {});
                            return r.error(http::status::service_unavailable, "kgate's session limit was reached");
+                         }
+                         if (auto why = too_big(server.sessions(), s); !why.empty()) {  // others came first
+                           server.manager().shutdown(id, [](bool) {});
+                           return r.error(http::status::payload_too_large, why);
                          }
                          s.kernel_id = id;
                          s.started_kernel = true;
@@ -210,6 +228,8 @@ void session_patch(Call& c) {
   }
   auto kernel = kernel_choice(*body, error);
   if (!kernel) return r.error(http::status::bad_request, error);
+  if (auto why = too_big(server.sessions(), after, SessionStore::bytes_of(before)); !why.empty())
+    return r.error(http::status::payload_too_large, why);
 
   // Saves `after`, then shuts the old kernel down if the session started it and nothing else uses it.
   auto finish = [&server, r, before](Session s) {

@@ -1,6 +1,8 @@
 // One websocket connection to /api/kernels/{id}/channels.
 #include "ws_session.hpp"
 
+#include "kgate/kernel_side.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include "kgate/version.hpp"
@@ -85,6 +87,14 @@ void WsSession::on_read(beast::error_code ec, std::size_t) {
   if (!err.empty()) {
     spdlog::warn("kernel {}: session {}: bad websocket message: {}", kernel_->id(), route_, err);
     close(websocket::close_code::bad_payload, "kgate: " + err);
+    return;
+  }
+  // kgate's own session is the kernels' host (DEV.md §14): its cells go unrecorded and it passes
+  // the shutdown guard, so no client may send as it (DEV.md §9).
+  if (is_host_session(m.session, server_.options().kernel.host_session)) {
+    spdlog::warn("kernel {}: session {} sent a {} claiming kgate's own session; closing", kernel_->id(), route_,
+                 m.msg_type);
+    close(websocket::close_code::policy_error, "kgate: header.session may not be kgate's own session");
     return;
   }
   m.route = route_;

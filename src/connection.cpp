@@ -350,14 +350,34 @@ void ensure_private_dir(const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(dir, "cannot create directory: " + ec.message());
-  if (!fs::is_directory(dir, ec)) fail(dir, "not a directory");
-  if (::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) fail(dir, errno_text(errno));
+  if (!S_ISDIR(st.st_mode)) fail(dir, "not a directory");
+  // Another user's directory (even one root could chmod) is theirs to fill: its owner could put
+  // files where kgate's are looked for (a connection file an attach command names).
+  if (st.st_uid != ::geteuid())
+    fail(dir, "owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+                  std::to_string(::geteuid()) + "); give kgate a directory of its own");
+  if ((st.st_mode & 0777) != 0700 && ::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
 }
 
 // ---- random ids ------------------------------------------------------------------------
 
 std::string new_uuid() { return format_uuid(true); }
 std::string new_hex_id() { return format_uuid(false); }
+
+std::string random_hex(std::size_t bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::vector<unsigned char> b(bytes);
+  if (bytes > 0 && RAND_bytes(b.data(), static_cast<int>(bytes)) != 1) throw std::runtime_error("OpenSSL RAND_bytes failed");
+  std::string out;
+  out.reserve(2 * bytes);
+  for (unsigned char c : b) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 0x0f]);
+  }
+  return out;
+}
 
 bool tcp_accepts(const std::string& ip, int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

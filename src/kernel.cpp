@@ -285,6 +285,7 @@ struct KernelIo {
   std::filesystem::path file;
   ChildProcess proc;
   std::string sup_name;  // the supervisor's socket name (kernel table)
+  pid_t sup_pid = 0;     // the supervisor's pid (kernel table): the only peer trusted on sup_name
   bool adopted = false;  // re-adopted from an earlier kgate's table, not yet ready (adopt())
   std::string history_probe;  // re-adopted: the history_request whose reply goes to observers
   std::string quiet_parent;   // iopub under this parent (the history probe) is not activity
@@ -621,15 +622,28 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   lo.die_with_parent = true;
   if (!opts.supervisor.empty()) {
     lo.supervisor = opts.supervisor;
-    // One name per launch: a restart's new supervisor never meets the old one's socket.
-    lo.supervisor_name = supervisor_socket_name(k.kernel->id()) + "/" + std::to_string(k.attempts) + "-" +
-                         std::to_string(k.epoch);
     lo.orphan_timeout = opts.orphan_timeout;
     lo.terminate_grace = opts.terminate_grace;
   }
+  // One name per launch, so a restart's new supervisor never meets the old one's socket, with
+  // 128 random bits, so no other user can bind it first (abstract names are anyone's). A name
+  // that is taken all the same (it shows in ps once the supervisor runs) gets a fresh one.
+  constexpr int kNameTries = 4;
+  for (int tries = 1;; ++tries) {
+    if (!lo.supervisor.empty())
+      lo.supervisor_name = supervisor_socket_name(k.kernel->id()) + "/" + std::to_string(k.attempts) + "-" +
+                           std::to_string(k.epoch) + "-" + random_hex(16);
+    try {
+      k.proc = ChildProcess::launch(lo);  // throws std::system_error when exec fails
+      break;
+    } catch (const LaunchError& e) {
+      if (lo.supervisor.empty() || e.stage != 0 || e.code().value() != EADDRINUSE || tries == kNameTries) throw;
+      spdlog::warn("kernel {}: its supervisor's socket name was taken by another process; trying a fresh name",
+                   k.kernel->id());
+    }
+  }
   k.sup_name = lo.supervisor_name;
-
-  k.proc = ChildProcess::launch(lo);  // throws std::system_error when exec fails
+  k.sup_pid = k.proc.supervisor_pid();
   k.kernel->set_process(k.proc.pid(), k.file, k.conn);
   spdlog::info("kernel {}: launched {} (pid {}, attempt {})", k.kernel->id(), spec.name,
                k.proc.pid(), k.attempts);
@@ -2359,6 +2373,7 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
   e.pid = k.proc.pid();
   e.pid_start = k.proc.start_time();
   e.supervisor = k.sup_name;
+  e.supervisor_pid = k.sup_pid;
   e.cull_idle_timeout = k.kernel->cull_idle_timeout();
   e.created_unix_ms = k.created_unix_ms;
   if (k.remote())
@@ -2476,10 +2491,13 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       }
       auto hello = launcher ? ChildProcess::connect_node(e.conn.ip, forwarded ? local_ports[5] : e.remote.value("control_link_port", 0),
                                                          e.conn.key, e.id, 3000)
-                            : ChildProcess::connect_supervisor(e.supervisor, 2000);
+                            : ChildProcess::connect_supervisor(e.supervisor, 2000, e.supervisor_pid);
       if (hello.fd < 0 && tunnel.running()) tunnel.signal(SIGTERM);
       std::string dead;  // why the kernel is gone: it is listed dead, never re-adopted
-      if (hello.fd < 0) {
+      if (hello.impostor) {  // never adopted, so never signalled
+        spdlog::error("kernel {}: {}", e.id, hello.why);
+        dead = "the kernel is not re-adopted: " + hello.why;
+      } else if (hello.fd < 0) {
         dead = "the kernel ended while no kgate was running (" + hello.why + ")";
       } else if (hello.pid != e.pid || hello.start_time != e.pid_start) {
         ::close(hello.fd);
@@ -2520,6 +2538,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       k->file = e.connection_file;
       k->proc = std::move(proc);
       k->sup_name = e.supervisor;
+      k->sup_pid = e.supervisor_pid;
       k->adopted = true;
       k->created_unix_ms = e.created_unix_ms;
       for (int p : {k->conn.shell_port, k->conn.iopub_port, k->conn.stdin_port, k->conn.control_port,

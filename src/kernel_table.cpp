@@ -48,6 +48,7 @@ json KernelTableEntry::to_json() const {
           {"pid", pid},
           {"pid_start", pid_start},
           {"supervisor", supervisor},
+          {"supervisor_pid", supervisor_pid},
           {"cull_idle_timeout_ms", cull_idle_timeout ? json(cull_idle_timeout->count()) : json(nullptr)},
           {"created_unix_ms", created_unix_ms},
           {"last_activity_unix_ms", last_activity_unix_ms},
@@ -81,6 +82,10 @@ KernelTableEntry KernelTableEntry::from_json(const json& j) {
   e.pid = field(j, "pid", json::value_t::number_integer, "an integer").get<int>();
   e.pid_start = field(j, "pid_start", json::value_t::number_integer, "an integer").get<unsigned long long>();
   e.supervisor = str(j, "supervisor");
+  if (auto it = j.find("supervisor_pid"); it != j.end()) {  // optional: an earlier version-1 entry has none
+    if (!it->is_number_integer()) throw std::runtime_error("supervisor_pid is not an integer");
+    e.supervisor_pid = it->get<int>();
+  }
   if (auto it = j.find("cull_idle_timeout_ms"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) throw std::runtime_error("cull_idle_timeout_ms is not an integer");
     e.cull_idle_timeout = std::chrono::milliseconds(it->get<std::int64_t>());

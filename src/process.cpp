@@ -377,7 +377,8 @@ ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_tim
   return c;
 }
 
-ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms) {
+ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms,
+                                                               pid_t supervisor_pid) {
   SupervisorHello h;
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
@@ -395,6 +396,24 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
   }
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
     h.why = errno == ECONNREFUSED ? "its supervisor is gone" : std::string("connect: ") + std::strerror(errno);
+    ::close(fd);
+    return h;
+  }
+  // An abstract name is anyone's to bind: who answers is known only from the kernel's record
+  // of the peer, never from what it says.
+  ucred cred{};
+  socklen_t clen = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+    h.why = std::string("SO_PEERCRED: ") + std::strerror(errno);
+    ::close(fd);
+    return h;
+  }
+  if (cred.uid != ::geteuid() || (supervisor_pid > 0 && cred.pid != supervisor_pid)) {
+    h.impostor = true;
+    h.why = "its supervisor's socket is held by pid " + std::to_string(cred.pid) + " of uid " +
+            std::to_string(cred.uid) + ", not by the kgate-supervise of uid " + std::to_string(::geteuid()) +
+            (supervisor_pid > 0 ? " (pid " + std::to_string(supervisor_pid) + ")" : std::string()) +
+            " that kgate started; refused";
     ::close(fd);
     return h;
   }
@@ -464,17 +483,31 @@ ChildProcess::SupervisorHello ChildProcess::connect_node(const std::string& ip, 
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   std::string rest, line;
-  if (!read_line(fd, rest, line, timeout_ms) || line.rfind("challenge ", 0) != 0) {
-    h.why = "the node launcher did not send its challenge";
+  auto send_line = [fd](const std::string& l) {
+    const std::string msg = l + "\n";
+    return ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(msg.size());
+  };
+  auto refuse = [&h, fd](std::string why) {
+    h.why = std::move(why);
     ::close(fd);
     return h;
-  }
-  std::string answer = "auth " + control_link_answer(key, kernel_id, line.substr(10)) + "\n";
-  if (::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(answer.size())) {
-    h.why = std::string("send: ") + std::strerror(errno);
-    ::close(fd);
-    return h;
-  }
+  };
+  if (!read_line(fd, rest, line, timeout_ms))
+    return refuse("the node launcher did not send its challenge");
+  if (line.rfind("challenge ", 0) == 0)
+    return refuse("the node launcher speaks the one-way control link of an older kgate (it never proves it "
+                  "holds the kernel's key); refused");
+  if (line.rfind("challenge2 ", 0) != 0) return refuse("the node launcher did not send its challenge");
+  const std::string node_challenge = line.substr(11);
+  // The launcher proves it holds the key before kgate answers anything: whoever took the node's
+  // port (or a dropped ssh -L port) learns nothing and gets nothing.
+  const std::string mine = random_hex(16);
+  if (!send_line("prove " + mine)) return refuse(std::string("send: ") + std::strerror(errno));
+  if (!read_line(fd, rest, line, timeout_ms)) return refuse("the node launcher did not answer kgate's challenge");
+  if (line.rfind("proof ", 0) != 0 || !control_link_proof_check(key, kernel_id, mine, node_challenge, line.substr(6)))
+    return refuse("the control link's peer failed kgate's challenge: it is not the kernel's node launcher; refused");
+  if (!send_line("auth " + control_link_answer(key, kernel_id, node_challenge)))
+    return refuse(std::string("send: ") + std::strerror(errno));
   // What came after the challenge (nothing, normally) goes before the hello.
   SupervisorHello hello = read_hello(fd, std::move(rest), timeout_ms);
   if (hello.fd < 0 && hello.why == "its supervisor did not answer") hello.why = "the node launcher refused the control link's answer";

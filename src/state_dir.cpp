@@ -13,6 +13,8 @@
 #include <string>
 #include <utility>
 
+#include <openssl/rand.h>
+
 #include "kgate/connection.hpp"
 #include "kgate/wire.hpp"
 
@@ -114,6 +116,90 @@ std::string StateDir::host_session(bool* replaced) const {
   id = "kgate-" + new_hex_id();
   write_file_atomically(file, id + "\n");
   return id;
+}
+
+namespace {
+
+constexpr std::size_t kTokenBytes = 32;
+constexpr const char* kTokenFile = "token";
+
+bool valid_token(const std::string& s) {
+  if (s.size() != 2 * kTokenBytes) return false;
+  for (char c : s)
+    if (!std::isxdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+// The first line of `file`, opened without following a symlink: 0, or the errno why not (EINVAL:
+// not a regular file).
+int read_first_line(const fs::path& file, std::string& line, struct stat& st) {
+  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return errno;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return EINVAL;
+  }
+  bool ok = true;
+  std::string text;
+  char buf[256];
+  while (ok && text.size() < 4096) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, std::size_t(n));
+  }
+  ::close(fd);
+  line = text.substr(0, text.find('\n'));
+  return 0;
+}
+
+}  // namespace
+
+std::string StateDir::token(bool* created) const {
+  const fs::path file = dir_ / kTokenFile;
+  std::string line;
+  struct stat st{};
+  if (created) *created = false;
+  const int err = read_first_line(file, line, st);
+  if (err == 0) {
+    if (!valid_token(line))
+      fail(dir_, std::string(kTokenFile) + " is not a token kgate made (64 hex digits); remove it and kgate "
+                 "makes a new one, or give your own with --token, $KGATE_TOKEN or token_file");
+    if (st.st_uid != ::geteuid()) fail(dir_, std::string(kTokenFile) + " is owned by uid " + std::to_string(st.st_uid));
+    if ((st.st_mode & 0077) != 0) ::chmod(file.c_str(), 0600);
+    return line;
+  }
+  if (err != ENOENT) fail(dir_, std::string("cannot read ") + kTokenFile + ": " + errno_text(err));
+  unsigned char bytes[kTokenBytes];
+  if (RAND_bytes(bytes, int(sizeof bytes)) != 1) fail(dir_, "OpenSSL RAND_bytes failed");
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string tok;
+  for (unsigned char b : bytes) {
+    tok.push_back(kHex[b >> 4]);
+    tok.push_back(kHex[b & 0x0f]);
+  }
+  write_file_atomically(file, tok + "\n");
+  if (created) *created = true;
+  return tok;
+}
+
+std::string read_local_token(const fs::path& dir, std::string* why) {
+  auto no = [why](std::string w) {
+    if (why) *why = std::move(w);
+    return std::string();
+  };
+  struct stat dst{};
+  if (::stat(dir.c_str(), &dst) != 0) return no(dir.string() + ": " + errno_text(errno));
+  if (dst.st_uid != ::geteuid() || (dst.st_mode & 0077) != 0)
+    return no(dir.string() + " is not this user's alone (owner uid " + std::to_string(dst.st_uid) + ")");
+  std::string line;
+  struct stat st{};
+  const fs::path file = dir / kTokenFile;
+  if (int err = read_first_line(file, line, st); err != 0) return no(file.string() + ": " + errno_text(err));
+  if (st.st_uid != ::geteuid() || (st.st_mode & 0077) != 0)
+    return no(file.string() + " is not this user's alone (owner uid " + std::to_string(st.st_uid) + ")");
+  if (!valid_token(line)) return no(file.string() + " is not a token kgate made");
+  return line;
 }
 
 }  // namespace kgate

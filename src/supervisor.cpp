@@ -15,6 +15,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -40,6 +42,17 @@ bool control_link_check(const std::string& key, const std::string& kernel_id,
                         const std::string& challenge, const std::string& answer) {
   if (key.empty()) return false;  // an unsigned link would let anyone in
   return Signer(key).verify(answer, "kgate-control", kernel_id, challenge, "");
+}
+
+std::string control_link_proof(const std::string& key, const std::string& kernel_id,
+                               const std::string& kgate_challenge, const std::string& node_challenge) {
+  return Signer(key).sign("kgate-control-launcher", kernel_id, kgate_challenge, node_challenge);
+}
+
+bool control_link_proof_check(const std::string& key, const std::string& kernel_id, const std::string& kgate_challenge,
+                              const std::string& node_challenge, const std::string& proof) {
+  if (key.empty()) return false;
+  return Signer(key).verify(proof, "kgate-control-launcher", kernel_id, kgate_challenge, node_challenge);
 }
 
 namespace {
@@ -71,10 +84,39 @@ struct Client {
   // A control-link peer (TCP) until it answered the challenge: not a kgate yet.
   std::string challenge;
   std::chrono::steady_clock::time_point deadline{};
+  std::string peer;     // its address (a control-link peer)
+  bool proved = false;  // the launcher answered its "prove": its "auth" is due
+  bool evict = false;   // closed to make room for a newer peer
 };
 
 constexpr auto kAuthTimeout = std::chrono::seconds(5);
-constexpr long kMaxUnanswered = 8;  // control-link peers still owing the challenge's answer
+constexpr long kMaxUnanswered = 16;         // control-link peers still owing the challenge's answer
+constexpr long kMaxUnansweredPerPeer = 4;   // of them, from one address
+
+// Room for one more unanswered peer from `peer`: the oldest over a bound is marked to go.
+void make_room(std::vector<Client>& clients, const std::string& peer) {
+  auto oldest = [&](bool same_peer) -> Client* {
+    Client* o = nullptr;
+    long n = 0;
+    for (auto& c : clients) {
+      if (c.challenge.empty() || c.evict || (same_peer && c.peer != peer)) continue;
+      ++n;
+      if (!o || c.deadline < o->deadline) o = &c;
+    }
+    return n >= (same_peer ? kMaxUnansweredPerPeer : kMaxUnanswered) ? o : nullptr;
+  };
+  for (bool same : {true, false})
+    if (Client* o = oldest(same)) o->evict = true;
+}
+
+std::string peer_address(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
+  else if (a.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof buf);
+  return buf;
+}
 
 }  // namespace
 
@@ -226,17 +268,15 @@ int supervise(const SuperviseOptions& o) {
     }
     if (fds[3].revents) {
       for (;;) {
-        const int cfd = ::accept4(tfd, nullptr, nullptr, SOCK_CLOEXEC);
+        sockaddr_storage from{};
+        socklen_t flen = sizeof from;
+        const int cfd = ::accept4(tfd, reinterpret_cast<sockaddr*>(&from), &flen, SOCK_CLOEXEC);
         if (cfd < 0) break;
-        // Peers that have not answered yet are bounded: a flood of connections is closed at once.
-        const auto unanswered = std::count_if(clients.begin(), clients.end(),
-                                              [](const Client& x) { return !x.challenge.empty(); });
-        if (unanswered >= kMaxUnanswered) {
-          ::close(cfd);
-          continue;
-        }
-        Client c{cfd, {}, new_hex_id(), Clock::now() + kAuthTimeout};
-        if (write_line(cfd, "challenge " + c.challenge)) clients.push_back(std::move(c));
+        // Peers that have not answered yet are bounded; the oldest makes room for a newcomer,
+        // so a squatter holding connections open cannot keep kgate out.
+        Client c{cfd, {}, random_hex(16), Clock::now() + kAuthTimeout, peer_address(from)};
+        make_room(clients, c.peer);
+        if (write_line(cfd, "challenge2 " + c.challenge)) clients.push_back(std::move(c));
         else ::close(cfd);
       }
     }
@@ -244,7 +284,7 @@ int supervise(const SuperviseOptions& o) {
     for (std::size_t i = 0; i < clients.size(); ++i) {
       Client& c = clients[i];
       bool gone = false;
-      if (!c.challenge.empty() && Clock::now() >= c.deadline) gone = true;  // never answered
+      if (!c.challenge.empty() && (c.evict || Clock::now() >= c.deadline)) gone = true;  // never answered
       if (!gone && i < polled && fds[4 + i].revents) {
         char buf[256];
         const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
@@ -254,7 +294,19 @@ int supervise(const SuperviseOptions& o) {
         for (auto nl = c.in.find('\n'); !gone && nl != std::string::npos; nl = c.in.find('\n')) {
           std::string line = c.in.substr(0, nl);
           c.in.erase(0, nl + 1);
-          if (!c.challenge.empty()) {  // the control link's first line: the answer, or goodbye
+          if (!c.challenge.empty()) {  // the control link's handshake: prove, then auth
+            if (!c.proved) {
+              // kgate's challenge first: the launcher proves itself before kgate answers.
+              const std::string cK = line.rfind("prove ", 0) == 0 ? line.substr(6) : std::string();
+              if (cK.size() < 32 || cK.size() > 128 ||
+                  !write_line(c.fd, "proof " + control_link_proof(o.auth_key, o.kernel_id, cK, c.challenge))) {
+                say("kgate-supervise: %s: a control-link peer did not send a challenge\n", o.kernel_id);
+                gone = true;
+                break;
+              }
+              c.proved = true;
+              continue;
+            }
             if (line.rfind("auth ", 0) != 0 ||
                 !control_link_check(o.auth_key, o.kernel_id, c.challenge, line.substr(5))) {
               say("kgate-supervise: %s: a control-link peer failed the challenge\n", o.kernel_id);

@@ -58,6 +58,8 @@ std::string read_ids(const json& header, ClientMessage& out) {
     return "header.msg_type must be a non-empty string";
   out.msg_id = id->get<std::string>();
   out.msg_type = type->get<std::string>();
+  if (auto session = header.find("session"); session != header.end() && session->is_string())
+    out.session = session->get<std::string>();
   return {};
 }
 

@@ -73,7 +73,8 @@ std::filesystem::path state_home();
 std::filesystem::path jupyter_data_dir();
 // $JUPYTER_RUNTIME_DIR, else jupyter_data_dir()/runtime (jupyter_core's rule).
 std::filesystem::path jupyter_runtime_dir();
-// Creates `dir` (and parents) if needed and makes it mode 0700.  Throws on failure.
+// Creates `dir` (and parents) if needed and makes it mode 0700.  Throws on failure, and for a
+// directory owned by another uid.
 void ensure_private_dir(const std::filesystem::path& dir);
 // The kernelspec search path is kernelspec_search_dirs() in discovery.hpp.
 
@@ -90,5 +91,7 @@ bool tcp_accepts(const std::string& ip, int port);
 std::string new_uuid();
 // A random uuid4 without dashes (32 hex digits).
 std::string new_hex_id();
+// `bytes` bytes of RAND_bytes as lowercase hex (2 digits a byte): names others must not guess.
+std::string random_hex(std::size_t bytes);
 
 }  // namespace kgate

@@ -31,6 +31,7 @@ struct KernelTableEntry {
   int pid = 0;                               // the kernel process
   unsigned long long pid_start = 0;          // its start time: a reused pid never matches
   std::string supervisor;                    // its kgate-supervise's abstract socket name
+  int supervisor_pid = 0;                    // that kgate-supervise's pid (0: not recorded, an older entry)
   std::optional<std::chrono::milliseconds> cull_idle_timeout;
   std::int64_t created_unix_ms = 0;          // when the kernel was started (wall clock)
   // Its last activity, saved when kgate left it running (SIGTERM); 0 = not known (a kgate that

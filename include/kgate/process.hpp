@@ -60,17 +60,20 @@ class ChildProcess {
   // already answered "pid <pid> <start_time>" (DEV.md §4e), `rest` being what it read after that
   // line.  Takes `fd`.
   static ChildProcess adopt(int fd, pid_t pid, unsigned long long start_time, std::string rest = {});
-  // Connects to the supervisor named `name` (this uid's) and reads its "pid" line within
-  // `timeout_ms`.  Returns the fd, pid and start time; fd -1 (errno-style reason in `why`) when
-  // there is no such supervisor any more.
+  // Connects to the supervisor named `name` and reads its "pid" line within `timeout_ms`.
+  // Returns the fd, pid and start time; fd -1 (errno-style reason in `why`) when there is no
+  // such supervisor any more.  The peer is trusted by its credentials only (SO_PEERCRED): a
+  // socket held by another uid, or (with `supervisor_pid` > 0) by another process than the
+  // supervisor kgate started, is an impostor: `impostor` is set and nothing is read from it.
   struct SupervisorHello {
     int fd = -1;
     pid_t pid = 0;
     unsigned long long start_time = 0;
     std::string rest;  // read after the pid line: pass it to adopt()
     std::string why;
+    bool impostor = false;
   };
-  static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms);
+  static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms, pid_t supervisor_pid = 0);
   // The same over a node launcher's TCP control link (DEV.md §4f): connects to ip:port within
   // `timeout_ms`, answers its challenge with `key`, then reads the "pid" line.
   static SupervisorHello connect_node(const std::string& ip, int port, const std::string& key,
@@ -92,6 +95,8 @@ class ChildProcess {
   bool take_link(int& fd, std::string& rest);
 
   pid_t pid() const noexcept { return pid_; }
+  // The kgate-supervise process launch() started for it (its child), or -1.
+  pid_t supervisor_pid() const noexcept { return sup_pid_; }
   // A pollable fd that becomes readable when the process exits (pidfd_open, or the
   // supervisor's socket); -1 if the kernel has none, in which case callers poll try_reap() on a
   // timer.

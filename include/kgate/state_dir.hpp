@@ -34,6 +34,11 @@ class StateDir {
   // the host they were launched for. A file that is not such an id is replaced (logged by the
   // caller through `replaced`).
   std::string host_session(bool* replaced = nullptr) const;
+  // The gateway's own token (DEV.md §9, "The token"): read from `token` (0600), or made at the
+  // first start (256 bits from RAND_bytes, as 64 hex digits) and written there; `created` says
+  // which.  A file that is not such a token is an error naming it (a person's own token belongs
+  // in --token, $KGATE_TOKEN or token_file, not in kgate's state).
+  std::string token(bool* created = nullptr) const;
   bool held() const { return fd_ >= 0; }
   // The directory existed with access for others, and open() made it 0700.
   bool tightened() const { return tightened_; }
@@ -43,5 +48,10 @@ class StateDir {
   int fd_ = -1;
   bool tightened_ = false;
 };
+
+// The token the kgate of state directory `dir` made (StateDir::token), for the owner's own
+// clients (kgate-mcp, `kgate kernels`, the proxy kernel).  Empty, with `why`, when there is none,
+// or when the directory or the file is not this user's alone (then it is not trusted).
+std::string read_local_token(const std::filesystem::path& dir, std::string* why = nullptr);
 
 }  // namespace kgate

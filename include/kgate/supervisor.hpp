@@ -32,9 +32,14 @@ struct SuperviseOptions {
   std::filesystem::path cwd;                 // the kernel's; empty = the supervisor's
   std::vector<std::string> argv;             // the kernel's; its env is the supervisor's
 
-  // The node launcher's (DEV.md §4f): a listening TCP socket for kgate's control link.  A peer
-  // is sent "challenge <hex>" and must answer "auth <control_link_answer(auth_key, kernel_id,
-  // challenge)>" within 5 s before it hears the "pid" line; anything else closes it.
+  // The node launcher's (DEV.md §4f): a listening TCP socket for kgate's control link, which
+  // authenticates both ways, the launcher first.  A peer is sent "challenge2 <cN>"; it must send
+  // "prove <cK>" (its own challenge) and is answered "proof <control_link_proof(auth_key,
+  // kernel_id, cK, cN)>"; then it must send "auth <control_link_answer(auth_key, kernel_id, cN)>"
+  // within 5 s of connecting, before it hears the "pid" line.  Anything else closes it.  Peers
+  // that have not answered are bounded (kMaxUnanswered in all, kMaxUnansweredPerPeer from one
+  // address): past a bound the oldest is closed, never the newcomer, so squatters cannot lock
+  // kgate out.
   int tcp_listen_fd = -1;
   std::string auth_key, kernel_id;
   // The kernel, started already by the caller (the node launcher, which waits for its ports
@@ -53,6 +58,12 @@ std::string control_link_answer(const std::string& key, const std::string& kerne
                                 const std::string& challenge);
 bool control_link_check(const std::string& key, const std::string& kernel_id,
                         const std::string& challenge, const std::string& answer);
+// The launcher's proof to kgate: HMAC-SHA256(key, "kgate-control-launcher" | kernel id |
+// kgate's challenge | the launcher's own), so no answer of one side serves as the other's.
+std::string control_link_proof(const std::string& key, const std::string& kernel_id,
+                               const std::string& kgate_challenge, const std::string& node_challenge);
+bool control_link_proof_check(const std::string& key, const std::string& kernel_id, const std::string& kgate_challenge,
+                              const std::string& node_challenge, const std::string& proof);
 
 // The abstract socket name of kernel `id`'s supervisor, for this user.
 std::string supervisor_socket_name(const std::string& kernel_id);

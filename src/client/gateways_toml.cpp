@@ -2,6 +2,7 @@
 #include "kgate/client/gateways_toml.hpp"
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -9,7 +10,10 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
+#include <unistd.h>
+
 #include "kgate/connection.hpp"
+#include "kgate/state_dir.hpp"
 
 namespace kgate::client {
 
@@ -39,7 +43,58 @@ std::string config_path(const Config& cfg, const std::string& path) {
   return p.is_absolute() ? path : (cfg.dir / p).string();
 }
 
+bool is_loopback_host(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  // 127.0.0.0/8, written as a dotted quad
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char tail = 0;
+  return std::sscanf(host.c_str(), "%u.%u.%u.%u%c", &a, &b, &c, &d, &tail) == 4 && a == 127 && b < 256 &&
+         c < 256 && d < 256;
+}
+
+// The default URL and a URL given as `host` are the same gateway when equal up to a trailing '/'.
+std::string without_slash(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  return url;
+}
+
+
+
 }  // namespace
+
+bool loopback_listener_is_ours(const std::string& port) {
+  unsigned want = 0;
+  if (std::sscanf(port.c_str(), "%u", &want) != 1 || want == 0 || want > 65535) return false;
+  const unsigned euid = ::geteuid();
+  int found = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      // "  sl  local_address rem_address   st tx_queue:rx_queue tr:tm->when retrnsmt   uid ..."
+      std::istringstream ss(line);
+      std::string sl, local, remote, state, queues, timer, retr;
+      unsigned uid = 0;
+      if (!(ss >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid)) continue;
+      if (state != "0A") continue;  // TCP_LISTEN
+      auto colon = local.rfind(':');
+      if (colon == std::string::npos) continue;
+      unsigned p = 0;
+      if (std::sscanf(local.c_str() + colon + 1, "%x", &p) != 1 || p != want) continue;
+      if (uid != euid) return false;
+      ++found;
+    }
+  }
+  return found > 0;
+}
+
+std::string send_token(const Endpoint& ep) {
+  if (!ep.token.empty() || !ep.local_token) return ep.token;
+  std::string token = read_local_token(default_state_dir());
+  if (token.empty() || !loopback_listener_is_ours(ep.port)) return "";
+  return token;
+}
 
 void parse_gateways(const std::string& text, const std::string& source, Config& cfg) {
   toml::table tbl;
@@ -109,20 +164,30 @@ Config load_config() {
 
 bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, std::string& error) {
   ep = Endpoint{};
-  if (host.empty()) {
-    ep.name = "";
-    ep.is_default = true;
-    ep.token = cfg.default_token;
+  if (host.empty() || (host.find("://") != std::string::npos && without_slash(host) == without_slash(cfg.default_url))) {
+    ep.name = host;
+    ep.is_default = host.empty();
     ep.verify = cfg.default_verify;
     ep.ca_file = cfg.default_ca_file;
-    return parse_endpoint_url(cfg.default_url, ep, error);
+    if (!parse_endpoint_url(host.empty() ? cfg.default_url : host, ep, error)) return false;
+    ep.token = cfg.default_token;
+    // Without $KGATE_TOKEN, the owner's kgate's own token may go to it (send_token checks).
+    ep.local_token = ep.token.empty() && !ep.is_unix() && is_loopback_host(ep.host);
+    return true;
   }
   if (host.find("://") != std::string::npos) {
+    // A gateways.toml entry with this URL: its token and TLS settings.
+    if (cfg.gateways_error.empty())
+      for (const auto& [name, g] : cfg.gateways)
+        if (without_slash(g.url) == without_slash(host)) {
+          if (!resolve_gateway(cfg, name, ep, error)) return false;
+          ep.name = host;
+          return true;
+        }
     ep.name = host;
-    ep.token = cfg.default_token;
     ep.verify = cfg.default_verify;
     ep.ca_file = cfg.default_ca_file;
-    return parse_endpoint_url(host, ep, error);
+    return parse_endpoint_url(host, ep, error);  // no token goes to a URL nobody paired one with
   }
   if (!cfg.gateways_error.empty()) {
     error = "gateways.toml is broken, so gateway '" + host + "' cannot be looked up: " + cfg.gateways_error;

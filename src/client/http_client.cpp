@@ -2,6 +2,8 @@
 // thread with its own deadline.
 #include "kgate/client/http_client.hpp"
 
+#include "kgate/client/gateways_toml.hpp"
+
 #include "http_exchange.hpp"
 
 namespace kgate::client {
@@ -59,7 +61,8 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
   http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
   req.set(http::field::host, ep_.host_header());
   req.set(http::field::user_agent, user_agent());
-  if (!ep_.token.empty()) req.set(http::field::authorization, "token " + ep_.token);
+  if (const std::string token = send_token(ep_); !token.empty())
+    req.set(http::field::authorization, "token " + token);
   if (body) {
     req.set(http::field::content_type, "application/json");
     req.body() = body->dump();

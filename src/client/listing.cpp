@@ -1,6 +1,8 @@
 // Listing a gateway's kernelspecs, kernels and sessions (see remote.hpp).
 #include "kgate/client/listing.hpp"
 
+#include "kgate/client/gateways_toml.hpp"
+
 #include <utility>
 
 #include <algorithm>
@@ -61,15 +63,20 @@ bool named_entry(const Endpoint& ep) { return !ep.is_default && !ep.name.empty()
 
 std::string token_advice(const Endpoint& ep) {
   if (named_entry(ep)) return "check token / token_env of [gateways." + ep.name + "] in gateways.toml";
+  if (!ep.is_default && !contains(ep.name, "://")) return "check $KGATE_TOKEN (or name the gateway in gateways.toml with its token)";
+  if (!ep.is_default) return "check the token of the gateways.toml entry with this URL";
   return "check $KGATE_TOKEN (or name the gateway in gateways.toml with its token)";
 }
 
 std::string auth_message(const Endpoint& ep, int status, const std::string& server_message) {
   std::string code = "HTTP " + std::to_string(status);
-  if (ep.token.empty())
+  if (send_token(ep).empty())
     return "the gateway at " + ep.url + " requires a token (" + code + ") and none was sent: " +
            (named_entry(ep) ? "set token or token_env in [gateways." + ep.name + "] of gateways.toml"
-                            : "set $KGATE_TOKEN, or name the gateway in gateways.toml with its token");
+            : ep.is_default ? "set $KGATE_TOKEN (kgate's own token goes only to a kgate of this user's on "
+                              "loopback), or name the gateway in gateways.toml with its token"
+                            : "a URL given as host gets no token; name the gateway in gateways.toml with its "
+                              "token (its url = this URL), or make it the default with $KGATE_URL and $KGATE_TOKEN");
   // kgate's 403 for a Host or Origin it does not allow is not about the token: say what it said.
   if (status == 403 && !server_message.empty() && server_message != "Forbidden" && !contains(server_message, "token"))
     return "the gateway at " + ep.url + " refused the request (" + code + ": " + server_message + "); if it is the token, " +
@@ -288,9 +295,10 @@ RemoteListing list_remote(const std::shared_ptr<HttpClient>& http, const RemoteO
     return "GET " + path + " on " + ep.url + ": HTTP " + std::to_string(r.status) +
            (r.message() != "HTTP " + std::to_string(r.status) ? " (" + r.message() + ")" : "");
   };
+  const std::string sent = send_token(ep);
   auto add_error = [&](const std::string& path, int status, std::string message) {
-    if (!ep.token.empty())  // a server could echo what it was sent: the token never leaves
-      for (std::size_t p; (p = message.find(ep.token)) != std::string::npos;) message.replace(p, ep.token.size(), "***");
+    if (!sent.empty())  // a server could echo what it was sent: the token never leaves
+      for (std::size_t p; (p = message.find(sent)) != std::string::npos;) message.replace(p, sent.size(), "***");
     l.errors.push_back(RemoteError{path, status, std::move(message)});
   };
   // The JSON body of a 200 answer, or nothing with an error recorded for `path`.

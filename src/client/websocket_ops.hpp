@@ -3,6 +3,7 @@
 // machines.
 #pragma once
 
+#include "kgate/client/gateways_toml.hpp"
 #include "websocket_impl.hpp"
 
 namespace kgate::client {
@@ -24,7 +25,8 @@ void async_open_websocket(Ws& ws, tcp::resolver& resolver, const Endpoint& ep, s
                ws.set_option(websocket::stream_base::decorator([&ep, subprotocol](websocket::request_type& r) {
                  r.set(http::field::user_agent, user_agent());
                  if (!subprotocol.empty()) r.set(http::field::sec_websocket_protocol, subprotocol);
-                 if (!ep.token.empty()) r.set(http::field::authorization, "token " + ep.token);
+                 if (const std::string token = send_token(ep); !token.empty())
+                   r.set(http::field::authorization, "token " + token);
                }));
                auto res = std::make_shared<websocket::response_type>();
                ws.async_handshake(*res, ep.host_header(), target, [&ws, res, done](beast::error_code hec) {

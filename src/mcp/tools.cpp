@@ -819,6 +819,12 @@ static std::string queue_text(const json& model) {
   return s;
 }
 
+bool Translator::is_token_env(const std::string& name) const {
+  for (const auto& [gname, g] : cfg_.gateways)
+    if (g.token_env == name) return true;
+  return false;
+}
+
 json Translator::own_environment(const Endpoint& ep) const {
   json body = json::object();
   if (!ep.is_default || !hosting_.send_environment) return body;
@@ -826,7 +832,12 @@ json Translator::own_environment(const Endpoint& ep) const {
   for (char** e = environ; e && *e; ++e) {
     std::string kv(*e);
     auto eq = kv.find('=');
-    if (eq != std::string::npos && eq > 0) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    if (eq == std::string::npos || eq == 0) continue;
+    std::string name = kv.substr(0, eq);
+    // kgate-mcp's own settings and every gateway's token stay here: a kernel's code (and so the
+    // model) would read them (DEV.md §9, "Tokens a client sends").
+    if (name.rfind("KGATE_", 0) == 0 || is_token_env(name)) continue;
+    env[name] = kv.substr(eq + 1);
   }
   body["env"] = env;
   std::error_code ec;

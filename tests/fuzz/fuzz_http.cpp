@@ -36,6 +36,7 @@ Server* make_server(const fs::path& root, const std::string& token) {
   GatewayOptions o;
   o.port = 0;
   o.token = token;
+  o.token_source = token.empty() ? TokenSource::none : TokenSource::given;
   o.runtime_dir = root / ("runtime" + token);
   o.state_dir = root / ("state" + token);  // one kgate per state directory
   o.root_dir = root;

@@ -5,7 +5,7 @@ no Playwright, no pip.
 
     with Chromium.launch(user_data_dir) as browser:
         page = browser.page()
-        page.navigate("http://127.0.0.1:8787/observe")
+        page.navigate("http://127.0.0.1:8787/observe?token=...")
         page.wait_for("document.body.dataset.ready === '1'")
         page.evaluate("document.title")
         page.screenshot("observe.png")

@@ -37,6 +37,8 @@ except ImportError as exc:  # pragma: no cover
 PYTHON = "/usr/bin/python3"
 V1_PROTOCOL = "v1.kernel.websocket.jupyter.org"
 LISTEN_RE = re.compile(r"listening on http://([^\s/:]+|\[[^\]]+\]):(\d+)")
+# The listening line names the file of kgate's own token (the default: no --token, no --no-token).
+OWN_TOKEN_RE = re.compile(r"token kgate's own, in (\S+);")
 MODEL_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 UUID4_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 STARTUP_TIMEOUT = 10.0
@@ -619,9 +621,12 @@ class Kgate:
     LISTEN_PATTERN = LISTEN_RE
 
     def __init__(self, binary, root, token=None, ip="127.0.0.1", extra_args=(), config=None, port=0):
+        """token=None: kgate's own token (read from the listening line's file once it listens);
+        extra_args=["--no-token"] for none."""
         self.binary = binary
         self.root = Path(root)
         self.token = token
+        self.own_token_file = None
         self.ip = ip
         self.env = make_jupyter_env(self.root)
         self.runtime_dir = self.root / "runtime"
@@ -655,6 +660,12 @@ class Kgate:
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         with self._log_lock:
             self.log_lines.append(f"[{tag}] {line}")
+        # A kgate on its own token: self.token is read from the file its listening line names
+        # (before the line counts as started), so the helpers send it.
+        t = OWN_TOKEN_RE.search(line)
+        if t and self.token is None:
+            self.own_token_file = Path(t.group(1))
+            self.token = self.own_token_file.read_text().strip()
         self._on_line(line)
 
     def _on_line(self, line):
@@ -898,7 +909,7 @@ def _module_daemon(kgate_bin, tmp_path_factory, **kwargs):
 
 @pytest.fixture(scope="module")
 def kgate(kgate_bin, tmp_path_factory):
-    """A module-scoped daemon without a token."""
+    """A module-scoped daemon on its own token (kgate.token: the helpers send it)."""
     yield from _module_daemon(kgate_bin, tmp_path_factory)
 
 

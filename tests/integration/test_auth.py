@@ -153,9 +153,16 @@ def test_observe_and_agent_socket_read_the_token_the_same_way(kgate_tok):
 
 # ---------------------------------------------------------------- bind policy
 
+def test_non_loopback_on_its_own_token_starts(kgate_factory):
+    kg = kgate_factory(ip="0.0.0.0")
+    assert kg.own_token_file is not None, kg.log_tail()
+    assert kg.rest("GET", "/api/kernelspecs")[0] == 200
+    assert kg.rest("GET", "/api/kernelspecs", auth=False)[0] == 401
+
+
 def test_non_loopback_without_token_refuses_to_start(kgate_bin, tmp_path):
     env = make_jupyter_env(tmp_path)
-    proc = subprocess.Popen([kgate_bin, "serve", "--ip", "0.0.0.0", "--port", "0"], env=env,
+    proc = subprocess.Popen([kgate_bin, "serve", "--ip", "0.0.0.0", "--port", "0", "--no-token"], env=env,
                             cwd=str(tmp_path), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -263,7 +270,8 @@ def test_ws_foreign_host_is_403(kgate, shared_kernel, host):
 
 
 def test_ws_own_origin_and_no_origin_ok(kgate, shared_kernel):
-    with KernelWS(kgate.ws_url(shared_kernel), origin=f"http://127.0.0.1:{kgate.port}") as ws:
+    url = kgate.ws_url(shared_kernel, token=kgate.token)
+    with KernelWS(url, origin=f"http://127.0.0.1:{kgate.port}") as ws:
         assert ws.run("print('own-origin')") == "own-origin\n"
-    with KernelWS(kgate.ws_url(shared_kernel), suppress_origin=True) as ws:
+    with KernelWS(url, suppress_origin=True) as ws:
         assert ws.run("print('no-origin')") == "no-origin\n"

@@ -287,7 +287,7 @@ def test_kernelspecs_command(kgate_bin, kg, tree):
 # ---- a stock jupyter_server in --gateway-url mode ------------------------------------------
 
 def test_stock_jupyter_server_lists_every_kgate_kernelspec(kg, tmp_path):
-    js = JupyterServer(tmp_path / "js", kg.url)
+    js = JupyterServer(tmp_path / "js", kg.url, gateway_token=kg.token)
     try:
         js.wait_ready()
         status, _, body = js.rest("GET", "/api/kernelspecs")

@@ -15,11 +15,13 @@ MARKER = "interop-" + uuid.uuid4().hex
 
 
 class JupyterServer(FrontEnd):
-    """`python3 -m jupyter_server --gateway-url=...`, no token of its own, notebooks in nbroot/."""
+    """`python3 -m jupyter_server --gateway-url=...`, no token of its own, notebooks in nbroot/.
+    `gateway_token`: kgate's, in $JUPYTER_GATEWAY_AUTH_TOKEN (GatewayClient.auth_token's variable:
+    unlike the flag, not in argv for other users to read)."""
 
     name = "jupyter_server"
 
-    def __init__(self, root, gateway_url, extra_args=()):
+    def __init__(self, root, gateway_url, extra_args=(), gateway_token=None):
         root = Path(root)
         self.port = free_port()
         self.notebook_dir = root / "nbroot"
@@ -28,12 +30,15 @@ class JupyterServer(FrontEnd):
                 f"--port={self.port}", "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
                 "--ServerApp.token=", "--ServerApp.password=",
                 "--ServerApp.disable_check_xsrf=True", f"--gateway-url={gateway_url}", *extra_args]
-        super().__init__(root, args, private_env(root, KERNEL_INTEROP_MARKER=MARKER), self.notebook_dir)
+        env = private_env(root, KERNEL_INTEROP_MARKER=MARKER)
+        if gateway_token:
+            env["JUPYTER_GATEWAY_AUTH_TOKEN"] = gateway_token
+        super().__init__(root, args, env, self.notebook_dir)
 
 
 @pytest.fixture(scope="module")
 def jserver(kgate, tmp_path_factory):
-    js = JupyterServer(tmp_path_factory.mktemp("jupyter_server"), kgate.url)
+    js = JupyterServer(tmp_path_factory.mktemp("jupyter_server"), kgate.url, gateway_token=kgate.token)
     try:
         js.wait_ready()
         yield js

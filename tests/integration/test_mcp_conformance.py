@@ -63,13 +63,13 @@ def suite():
 
 @pytest.fixture(scope="module")
 def kg(kgate_bin, tmp_path_factory):
-    # No token: the suite's client sends none (kgate refuses a non-loopback bind without one,
-    # and on loopback the Host and Origin checks still apply: dns-rebinding-protection).
+    # kgate's own token, which the suite's client sends in the URL (?token=: it has no header
+    # option); on loopback the Host and Origin checks apply too: dns-rebinding-protection.
     yield from _module_daemon(kgate_bin, tmp_path_factory)
 
 
 def run(suite, kg, scenario):
-    proc = subprocess.run(suite + ["server", "--url", f"{kg.url}/mcp", "--scenario", scenario],
+    proc = subprocess.run(suite + ["server", "--url", f"{kg.url}/mcp?token={kg.token}", "--scenario", scenario],
                           capture_output=True, text=True, timeout=120, cwd=str(SUITE_DIR))
     out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
     m = re.search(r"Passed: (\d+)/(\d+), (\d+) failed", out)

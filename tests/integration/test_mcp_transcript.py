@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import die_with_parent
+from conftest import _LIVE_DAEMONS, die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 REPLY_TIMEOUT = 5.0
@@ -51,6 +51,22 @@ def mcp_bin():
     return binary
 
 
+def owner_token_env(env):
+    """What the owner's kgate-mcp needs to reach the test kgate at env's KGATE_URL, as it would
+    on a real machine: nothing but the XDG_STATE_HOME that kgate keeps its own token under (the
+    translator finds it there). A kgate whose state dir is elsewhere (--state-dir) has its
+    token passed in KGATE_TOKEN; a kgate with a given token is the test's to pass."""
+    if "KGATE_TOKEN" in env:
+        return {}
+    for kg in _LIVE_DAEMONS:
+        if kg.url and env.get("KGATE_URL", "").rstrip("/") == kg.url and kg.own_token_file:
+            state_home = kg.env.get("XDG_STATE_HOME")
+            if state_home and kg.own_token_file == Path(state_home) / "kgate" / "token":
+                return {"XDG_STATE_HOME": state_home}
+            return {"KGATE_TOKEN": kg.token}
+    return {}
+
+
 class Mcp:
     """One kgate-mcp process. It records every stdout line, and replies are looked up by id."""
 
@@ -63,6 +79,7 @@ class Mcp:
         env["KGATE_URL"] = "http://127.0.0.1:9"
         env["XDG_CONFIG_HOME"] = str(home / "config")
         env.update(env_extra or {})
+        env.update(owner_token_env(env))
         self.stderr_path = home / "stderr.log"
         self._stderr = open(self.stderr_path, "wb")
         self.started = time.monotonic()

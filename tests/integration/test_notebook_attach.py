@@ -340,11 +340,12 @@ def test_notebook_page_runs_cell_on_kgate(kgate_tok, nbserver, browser):
 
 
 # --------------------------------------------------------------------------
-# Stopping Notebook (kgate without a token: Notebook sends a bare "Authorization: token ")
+# Stopping Notebook (kgate --no-token: Notebook sends a bare "Authorization: token ")
 # --------------------------------------------------------------------------
 
-def test_notebook_shutdown_deletes_its_kernels(kgate, tmp_path):
+def test_notebook_shutdown_deletes_its_kernels(kgate_factory, tmp_path):
     require_notebook()
+    kgate = kgate_factory(extra_args=["--no-token"])
     nb = NotebookServer(tmp_path / "nb", kgate.url)
     try:
         nb.wait_ready()

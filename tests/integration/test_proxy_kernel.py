@@ -16,7 +16,7 @@ from jupyter_client.connect import write_connection_file
 
 from conftest import Kgate, free_port, pid_alive, wait_until
 from records_util import list_jobs
-from test_mcp_transcript import Mcp
+from test_mcp_transcript import Mcp, owner_token_env
 
 REPO = Path(__file__).resolve().parents[2]
 CELL = "x = 41 + 1\nprint('hello from the notebook', x)"
@@ -49,8 +49,14 @@ def spec_env(kgate_bin, tmp_path, monkeypatch):
     monkeypatch.delenv("KGATE_TOKEN", raising=False)
     monkeypatch.delenv("KGATE_PROXY_KERNEL", raising=False)
 
-    def use(url):
+    def use(url, state_home=None):
+        """The proxy's gateway; it finds the token of the test's kgate at that URL as the owner's
+        tools do, in the XDG_STATE_HOME that kgate keeps it under (`state_home` for one that is
+        not running yet)."""
         monkeypatch.setenv("KGATE_URL", url)
+        found = {"XDG_STATE_HOME": str(state_home)} if state_home else owner_token_env({"KGATE_URL": url})
+        for key, value in found.items():
+            monkeypatch.setenv(key, value)
     return use
 
 
@@ -212,7 +218,7 @@ def test_stdin_and_interrupt_go_through(kgate, spec_env, notebooks):
 def test_without_kgate_requests_get_errors_and_it_attaches_later(kgate_bin, spec_env, notebooks, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    spec_env(url)
+    spec_env(url, state_home=tmp_path / "late" / "state")  # the kgate below (and its token) comes later
     km, kc = notebooks()  # wait_for_ready passed: kernel_info is answered without kgate
     info = kc.kernel_info(reply=True, timeout=10)["content"]
     assert info["status"] == "ok" and f"no running kgate at {url}" in info["banner"], info

@@ -15,7 +15,7 @@ from test_readopt_records import next_kgate
 
 def test_jupyter_server_in_gateway_mode_carries_on_across_a_restart(kgate_factory, kgate_bin, tmp_path):
     kg = kgate_factory()
-    js = JupyterServer(tmp_path / "jupyter_server", kg.url)
+    js = JupyterServer(tmp_path / "jupyter_server", kg.url, gateway_token=kg.token)
     try:
         js.wait_ready()
         status, _, model = js.rest("POST", "/api/kernels", {"name": "python3"})

@@ -76,7 +76,9 @@ def config_home(tmp_path_factory, gw2, stock):
 
 def cli_env(config_home, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KGATE_", "JUPYTER"))}
-    env.update({"XDG_CONFIG_HOME": str(config_home), "GW2_TOKEN": TOKEN, "GW2_BAD_TOKEN": WRONG})
+    env.update({"XDG_CONFIG_HOME": str(config_home), "GW2_TOKEN": TOKEN, "GW2_BAD_TOKEN": WRONG,
+                # no kgate's own token of this user's: a real ~/.local/state/kgate/token stays out
+                "XDG_STATE_HOME": str(config_home / "no-state")})
     env.update(extra)
     return env
 
@@ -122,9 +124,17 @@ def test_second_kgate_json(kgate_bin, config_home, gw2, gw2_kernel):
     assert k["age_seconds"] >= 0 and k["idle_seconds"] >= 0 and k["cull_after_seconds"] is None, k
 
 
-def test_second_kgate_by_url_with_kgate_token(kgate_bin, config_home, gw2, gw2_kernel):
-    rc, out, err, _ = kernels(kgate_bin, config_home, "--host", gw2.url + "/", KGATE_TOKEN=TOKEN)
+def test_second_kgate_by_url_takes_the_token_gateways_toml_pairs_with_it(kgate_bin, config_home, gw2, gw2_kernel):
+    rc, out, err, _ = kernels(kgate_bin, config_home, "--host", gw2.url + "/")
     assert rc == 0 and gw2_kernel in out, (rc, out, err)
+
+
+def test_a_url_host_gets_no_kgate_token(kgate_bin, config_home, gw2):
+    """$KGATE_TOKEN is the default gateway's: a URL nobody paired a token with gets none."""
+    url = gw2.url.replace("127.0.0.1", "localhost")
+    rc, out, err, _ = kernels(kgate_bin, config_home, "--host", url, KGATE_TOKEN=TOKEN)
+    assert rc == 1, (rc, out, err)
+    assert "requires a token (HTTP 401) and none was sent: a URL given as host gets no token" in err, err
 
 
 def test_default_gateway_is_kgate_url(kgate_bin, config_home, gw2, gw2_kernel):
@@ -147,7 +157,7 @@ def test_wrong_token_json_prints_nothing_on_stdout(kgate_bin, config_home):
 
 
 def test_missing_token_says_none_was_sent(kgate_bin, config_home, gw2):
-    rc, out, err, _ = kernels(kgate_bin, config_home, "--host", gw2.url)
+    rc, out, err, _ = kernels(kgate_bin, config_home, KGATE_URL=gw2.url)
     assert rc == 1, (rc, out, err)
     assert "requires a token (HTTP 401) and none was sent" in err and "KGATE_TOKEN" in err, err
 

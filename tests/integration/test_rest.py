@@ -90,11 +90,12 @@ def test_websocket_upgrade_with_a_target_that_is_not_utf8_is_400(kgate, shared_k
     assert kgate.rest("GET", "/api")[0] == 200
 
 
-def test_empty_authorization_token_is_ignored_without_auth(kgate):
+def test_empty_authorization_token_is_ignored_without_auth(kgate_factory):
     """jupyter_server's GatewayClient always sends `Authorization: token <tok>`, even with an
-    empty token. Without --token that must not be rejected."""
+    empty token. With --no-token that must not be rejected."""
+    kg = kgate_factory(extra_args=["--no-token"])
     for value in ("token", "token "):
-        status, _, body = kgate.rest("GET", "/api/kernelspecs", headers={"Authorization": value})
+        status, _, body = kg.rest("GET", "/api/kernelspecs", headers={"Authorization": value})
         assert status == 200, f"Authorization: {value!r} -> {status} {body!r}"
 
 

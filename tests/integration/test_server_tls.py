@@ -221,7 +221,7 @@ def test_kgate_mcp_executes_over_https(mcp_bin, tmp_path, config_home, kgate_tls
 
 def test_non_loopback_with_tls_still_needs_a_token(kgate_bin, tmp_path, certs):
     cert, key = certs["a"]
-    rc, err = serve_fails(kgate_bin, tmp_path, "--ip", "0.0.0.0", "--certfile", str(cert), "--keyfile", str(key))
+    rc, err = serve_fails(kgate_bin, tmp_path, "--ip", "0.0.0.0", "--no-token", "--certfile", str(cert), "--keyfile", str(key))
     assert rc != 0 and "refusing to listen on 0.0.0.0 without a token" in err, (rc, err)
 
 

@@ -345,14 +345,17 @@ def test_the_observe_page_and_kgate_kernels_show_where_a_kernel_runs(kg, slurm, 
     from test_observe import CHROMIUM, artifacts_dir
     model = slurm_kernel(kg)
     kid, job = model["id"], model["kgate_placement"]["job_id"]
-    out = subprocess.run([kg.binary, "kernels", "--host", kg.url], capture_output=True, text=True, timeout=60)
+    # The owner's `kgate kernels`: the default gateway, whose token it finds by itself.
+    env = dict(os.environ, KGATE_URL=kg.url, XDG_STATE_HOME=kg.env["XDG_STATE_HOME"])
+    env.pop("KGATE_TOKEN", None)
+    out = subprocess.run([kg.binary, "kernels"], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert f"on slurm: Slurm job {job} RUNNING" in out.stdout, out.stdout
     assert re.search(r"slurm\s+slurm\s+usable", out.stdout), out.stdout
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is absent (scripts/bootstrap.sh installs chromium)"
     with Chromium.launch(tmp_path / "chromium-profile") as b:
         page = b.page()
-        page.navigate(f"{kg.url}/observe")
+        page.navigate(f"{kg.url}/observe?token={kg.token}")
         page.wait_for(f"document.querySelector('[data-kernel=\"{kid}\"] .placement') !== null", timeout=20)
         text = page.text(f'[data-kernel="{kid}"] .placement')
         assert f"on slurm: Slurm job {job} RUNNING" in text, text

@@ -46,9 +46,23 @@ def test_start_script_prints_the_address_kgate_bound(tmp_path):
         mcp = str(REPO / "build" / "translator" / "kgate-mcp")
         assert f"claude mcp add kernel -e KGATE_URL={url} -- {mcp}" in text, text
         assert not re.search(r"\bissue \d", text, re.I), "start.sh speaks of planning issues"
+        # The observe page's link carries kgate's own token, which opens the API too; the
+        # gateway line names the token's file, not the token.
+        observe = re.search(rf"^    ({re.escape(url)}/observe\?token=([0-9a-f]{{64}}))$", text, re.M)
+        assert observe, text
+        token = observe.group(2)
+        state_token = Path(env["XDG_STATE_HOME"]) / "kgate" / "token"
+        assert state_token.read_text().strip() == token
+        assert f"jupyter server --gateway-url={url} --GatewayClient.auth_token=$(cat {state_token})" in text, text
+        import urllib.error
         import urllib.request
-        with urllib.request.urlopen(url + "/api", timeout=10) as r:
+        with urllib.request.urlopen(observe.group(1), timeout=10) as r:
             assert r.status == 200
+        with urllib.request.urlopen(f"{url}/api?token={token}", timeout=10) as r:
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url + "/api", timeout=10)
+        assert refused.value.code == 401
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -175,13 +175,15 @@ def test_default_path_is_under_xdg_runtime_dir(unix_factory, tmp_path):
         assert kg.sock == expected, kg.log_tail()
         assert stat.S_IMODE(os.stat(os.path.join(xdg, "kgate")).st_mode) == 0o700
         assert stat.S_IMODE(os.lstat(expected).st_mode) == 0o600
-        status, _, _ = kg.rest("GET", "/api")
+        # The owner needs no token on the socket (its uid is checked)...
+        status, _, _ = kg.rest("GET", "/api", auth=False)
         assert status == 200
-        # TCP is still served beside it.
-        conn = http.client.HTTPConnection("127.0.0.1", kg.port, timeout=10)
-        conn.request("GET", "/api")
-        assert conn.getresponse().status == 200
-        conn.close()
+        # ...and TCP is still served beside it, where kgate's own token is asked.
+        for headers, want in (({}, 401), ({"Authorization": f"token {kg.token}"}, 200)):
+            conn = http.client.HTTPConnection("127.0.0.1", kg.port, timeout=10)
+            conn.request("GET", "/api", headers=headers)
+            assert conn.getresponse().status == want
+            conn.close()
         kg.stop()
         assert not os.path.lexists(expected)
     finally:

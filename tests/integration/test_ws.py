@@ -95,7 +95,7 @@ def test_legacy_json_execute(kgate, shared_kernel):
 
 
 def test_without_session_id(kgate, shared_kernel):
-    ws = KernelWS(kgate.ws_url(shared_kernel))   # no ?session_id
+    ws = KernelWS(kgate.ws_url(shared_kernel, token=kgate.token))   # no ?session_id
     with ws:
         assert ws.run("print('no session id')") == "no session id\n"
 
@@ -166,7 +166,7 @@ def test_stdin_right_after_ready(kgate, after):
 
 def test_unknown_kernel_ws_is_404(kgate):
     with pytest.raises(websocket.WebSocketBadStatusException) as info:
-        KernelWS(kgate.ws_url(str(uuid.uuid4()))).close()
+        KernelWS(kgate.ws_url(str(uuid.uuid4()), token=kgate.token)).close()
     assert info.value.status_code == 404, str(info.value)
 
 

@@ -4,6 +4,7 @@
 #include "api.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "routes.hpp"
 #include "server.hpp"
 #include "support.hpp"
+#include "kgate/state_dir.hpp"
 
 namespace kgate::gw {
 namespace {
@@ -272,9 +274,12 @@ class CheckRequest : public ::testing::Test {
  protected:
   void SetUp() override { spdlog::set_level(spdlog::level::err); }  // refusals log warnings
   void TearDown() override { spdlog::set_level(spdlog::level::info); }
-  Server& server(GatewayOptions opts = {}) {
+  // Without a token of the test's, none (kgate's own is made only with own_token).
+  Server& server(GatewayOptions opts = {}, bool own_token = false) {
+    if (opts.token.empty() && !own_token) opts.token_source = TokenSource::none;
     opts.runtime_dir = tmp_.path() / ("rt" + std::to_string(servers_.size()));
-    opts.state_dir = tmp_.path() / ("st" + std::to_string(servers_.size()));  // one Server per state dir
+    if (opts.state_dir.empty())
+      opts.state_dir = tmp_.path() / ("st" + std::to_string(servers_.size()));  // one Server per state dir
     opts.root_dir = tmp_.path();
     servers_.push_back(std::make_unique<Server>(std::move(opts)));
     return *servers_.back();
@@ -282,6 +287,7 @@ class CheckRequest : public ::testing::Test {
   static GatewayOptions with_token(std::string token) {
     GatewayOptions o;
     o.token = std::move(token);
+    o.token_source = TokenSource::given;
     return o;
   }
   static Request get(std::string target, std::string host = "localhost:8787") {
@@ -473,6 +479,43 @@ TEST_F(CheckRequest, Token) {
                           "/api/kernels?token=", "/api/kernels?tok=s3cret", "/api/kernels?token=%zz"}) {
     EXPECT_EQ(status(s, get(bad)), 401u) << bad;
   }
+}
+
+TEST_F(CheckRequest, OwnTokenIsMadeOnceKeptAndAskedOnTcpOnly) {
+  std::string token;
+  const auto state = tmp_.path() / "own";
+  {
+    GatewayOptions o;
+    o.state_dir = state;
+    Server& s = server(o, true);
+    token = s.options().token;
+    ASSERT_EQ(token.size(), 64u);
+    EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+    struct stat st {};
+    ASSERT_EQ(::stat((state / "token").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(kgate::read_local_token(state), token);  // what the owner's clients read
+
+    EXPECT_EQ(status(s, get("/api/kernels")), 401u);
+    EXPECT_EQ(status(s, get("/api/kernels?token=" + token)), 200u);
+    RequestContext unix_peer{true, true};  // the owner on the Unix socket: its uid was checked
+    EXPECT_FALSE(check_request(s, get("/api/kernels"), unix_peer).has_value());
+    servers_.clear();  // frees the state dir
+  }
+  GatewayOptions again;
+  again.state_dir = state;
+  EXPECT_EQ(server(again, true).options().token, token) << "the next kgate keeps the token";
+  // Another's: the file opened to others is not trusted by a client.
+  ::chmod((state / "token").c_str(), 0644);
+  std::string why;
+  EXPECT_EQ(kgate::read_local_token(state, &why), "");
+  EXPECT_NE(why.find("not this user's alone"), std::string::npos) << why;
+}
+
+TEST_F(CheckRequest, GivenTokenIsAskedOnTheUnixSocketToo) {
+  Server& s = server(with_token("s3cret"));
+  RequestContext unix_peer{true, true};
+  EXPECT_EQ(check_request(s, get("/api/kernels"), unix_peer)->result(), http::status::unauthorized);
 }
 
 TEST_F(CheckRequest, QueryTokenIsReadBeforeTheHeader) {

@@ -3,11 +3,18 @@
 // challenge answer.
 #include "kgate/launcher.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
+#include <thread>
 
+#include "kgate/process.hpp"
 #include "kgate/supervisor.hpp"
 
 namespace kgate {
@@ -105,6 +112,133 @@ TEST(ControlLink, AnswerIsCheckedInFull) {
   EXPECT_FALSE(control_link_check("key", "kernel", "challenge", a.substr(1)));
   EXPECT_FALSE(control_link_check("key", "kernel", "challenge", ""));
   EXPECT_FALSE(control_link_check("", "kernel", "challenge", control_link_answer("", "kernel", "challenge")));
+}
+
+// ---- the control link's handshake, both ways (issue 42, point 3) ----------------------------
+
+// A node launcher of the test's on 127.0.0.1: sends `first`, then plays `script` with each line
+// kgate sends (its reply, "" for none), and keeps every line kgate sent.
+class FakeLauncher {
+ public:
+  using Script = std::function<std::string(const std::string& line)>;
+  FakeLauncher(std::string first, Script script) : first_(std::move(first)), script_(std::move(script)) {
+    lfd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    EXPECT_EQ(::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    EXPECT_EQ(::listen(lfd_, 4), 0);
+    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~FakeLauncher() {
+    join();
+    ::close(lfd_);
+  }
+  int port() const { return port_; }
+  std::vector<std::string> heard;  // read after the thread ends (the destructor joins it)
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    const int c = ::accept(lfd_, nullptr, nullptr);
+    if (c < 0) return;
+    auto send_line = [c](const std::string& l) { std::string m = l + "\n"; ::send(c, m.data(), m.size(), MSG_NOSIGNAL); };
+    send_line(first_);
+    std::string in;
+    char buf[512];
+    for (;;) {
+      ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      in.append(buf, std::size_t(n));
+      for (auto nl = in.find('\n'); nl != std::string::npos; nl = in.find('\n')) {
+        std::string line = in.substr(0, nl);
+        in.erase(0, nl + 1);
+        heard.push_back(line);
+        std::string reply = script_(line);
+        if (!reply.empty()) send_line(reply);
+      }
+    }
+    ::close(c);
+  }
+  std::string first_;
+  Script script_;
+  int lfd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+const std::string kNodeChallenge = "00112233445566778899aabbccddeeff";
+
+TEST(ControlLink, AFakeLauncherWithoutTheKeyHearsNoAnswer) {
+  ChildProcess::SupervisorHello h;
+  std::vector<std::string> heard;
+  {
+    FakeLauncher fake("challenge2 " + kNodeChallenge, [](const std::string& line) -> std::string {
+      if (line.rfind("prove ", 0) == 0)  // it does not hold the key: it makes up a proof
+        return "proof " + control_link_proof("guessed key", "k1", line.substr(6), kNodeChallenge);
+      return "";
+    });
+    h = ChildProcess::connect_node("127.0.0.1", fake.port(), "the kernel's key", "k1", 3000);
+    fake.join();
+    heard = fake.heard;
+  }
+  EXPECT_EQ(h.fd, -1);
+  EXPECT_NE(h.why.find("failed kgate's challenge"), std::string::npos) << h.why;
+  ASSERT_EQ(heard.size(), 1u);  // kgate's challenge, and never its answer
+  EXPECT_EQ(heard[0].rfind("prove ", 0), 0u) << heard[0];
+  EXPECT_EQ(heard[0].size(), 6u + 32u) << heard[0];
+}
+
+TEST(ControlLink, ALauncherThatHoldsTheKeyIsAnswered) {
+  ChildProcess::SupervisorHello h;
+  std::vector<std::string> heard;
+  {
+    FakeLauncher fake("challenge2 " + kNodeChallenge, [](const std::string& line) -> std::string {
+      if (line.rfind("prove ", 0) == 0)
+        return "proof " + control_link_proof("the kernel's key", "k1", line.substr(6), kNodeChallenge);
+      if (line.rfind("auth ", 0) == 0 && control_link_check("the kernel's key", "k1", kNodeChallenge, line.substr(5)))
+        return "pid 4242 777";
+      return "";
+    });
+    h = ChildProcess::connect_node("127.0.0.1", fake.port(), "the kernel's key", "k1", 3000);
+    if (h.fd >= 0) ::close(h.fd);
+    fake.join();
+    heard = fake.heard;
+  }
+  EXPECT_EQ(h.pid, 4242) << h.why;
+  EXPECT_EQ(h.start_time, 777u);
+  ASSERT_EQ(heard.size(), 2u);
+  EXPECT_EQ(heard[1].rfind("auth ", 0), 0u);
+}
+
+TEST(ControlLink, TheOneWayLinkOfAnOlderLauncherIsRefused) {
+  ChildProcess::SupervisorHello h;
+  std::vector<std::string> heard;
+  {
+    FakeLauncher fake("challenge " + kNodeChallenge, [](const std::string&) { return std::string(); });
+    h = ChildProcess::connect_node("127.0.0.1", fake.port(), "the kernel's key", "k1", 3000);
+    fake.join();
+    heard = fake.heard;
+  }
+  EXPECT_EQ(h.fd, -1);
+  EXPECT_NE(h.why.find("one-way control link of an older kgate"), std::string::npos) << h.why;
+  EXPECT_TRUE(heard.empty()) << heard.front();
+}
+
+TEST(ControlLink, EachSidesAnswerIsNoProofOfTheOther) {
+  // kgate's answer to a challenge c never passes for the launcher's proof, nor the reverse.
+  const std::string a = control_link_answer("key", "k", "c");
+  EXPECT_FALSE(control_link_proof_check("key", "k", "c", "", a));
+  const std::string p = control_link_proof("key", "k", "c", "n");
+  EXPECT_TRUE(control_link_proof_check("key", "k", "c", "n", p));
+  EXPECT_FALSE(control_link_proof_check("key", "k", "n", "c", p));
+  EXPECT_FALSE(control_link_check("key", "k", "c", p));
+  EXPECT_FALSE(control_link_proof_check("", "k", "c", "n", control_link_proof("", "k", "c", "n")));
 }
 
 }  // namespace

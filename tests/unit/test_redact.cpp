@@ -17,6 +17,11 @@ TEST(Redact, TokenValueIsBlanked) {
   EXPECT_EQ(loggable_target("/a?access_token=s3cret&_xsrf=abc"), "/a?access_token=[redacted]&_xsrf=[redacted]");
   // Every occurrence, not only the first.
   EXPECT_EQ(loggable_target("/a?token=one&token=two"), "/a?token=[redacted]&token=[redacted]");
+  // Names are compared decoded, as the token reader decodes them.
+  EXPECT_EQ(loggable_target("/a?%74oken=s3cret"), "/a?%74oken=[redacted]");
+  EXPECT_EQ(loggable_target("/a?%54OKEN=s3cret&x=1"), "/a?%54OKEN=[redacted]&x=1");
+  EXPECT_EQ(loggable_target("/a?to%6ben=s3cret"), "/a?to%6ben=[redacted]");
+  EXPECT_EQ(loggable_target("/a?%zz=s3cret"), "/a?%zz=[redacted]");  // undecodable: blanked
 }
 
 TEST(Redact, OtherParametersAreKept) {

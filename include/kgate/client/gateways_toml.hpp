@@ -22,7 +22,7 @@ struct GatewayEntry {
 struct Config {
   std::filesystem::path dir;  // $XDG_CONFIG_HOME/kgate
   std::string default_url = "http://127.0.0.1:8787";
-  std::string default_token;  // $KGATE_TOKEN
+  std::string default_token;  // $KGATE_TOKEN: for the default gateway only
   // TLS settings of the default gateway and of URL hosts (gateways.toml entries have their own).
   std::string default_ca_file;  // $KGATE_CA_FILE
   bool default_verify = true;   // $KGATE_TLS_VERIFY=0 turns the checks off
@@ -39,9 +39,25 @@ Config load_config();
 // Parses gateways.toml text into `cfg` (throws std::runtime_error with file:line:col on errors).
 void parse_gateways(const std::string& text, const std::string& source, Config& cfg);
 
-// host "" = the default gateway; a name = gateways.toml; anything with "://" = that URL (with
-// $KGATE_TOKEN, $KGATE_CA_FILE and $KGATE_TLS_VERIFY).  A gateways.toml ca_file that is relative
-// is taken from the config dir, and a leading ~/ from $HOME.  False and `error` (what to do next) when it cannot be resolved.
+// host "" = the default gateway; a name = gateways.toml; anything with "://" = that URL.
+// A token goes only where it belongs (DEV.md §9, "Tokens a client sends"): $KGATE_TOKEN to the
+// default gateway's URL, else the local kgate's own token (Endpoint::local_token, send_token) if
+// that URL is a loopback one whose listener is this user's (loopback_listener_is_ours); a
+// gateways.toml entry's to its
+// URL (a URL given as `host` that equals an entry's gets the entry's token and TLS settings).
+// Any other URL gets no token.  $KGATE_CA_FILE and $KGATE_TLS_VERIFY apply to the default gateway and to URLs.  A
+// gateways.toml ca_file that is relative is taken from the config dir, and a leading ~/ from
+// $HOME.  False and `error` (what to do next) when it cannot be resolved.
 bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, std::string& error);
+
+// Whether TCP `port` on this machine's loopback has a listening socket and every listening
+// socket on it belongs to this process's euid (/proc/net/tcp and tcp6): then a connection to
+// 127.0.0.1:port (or [::1]) reaches this user's own server, not another user's.
+bool loopback_listener_is_ours(const std::string& port);
+
+// The token a request to `ep` carries: its own, else (Endpoint::local_token) the token the
+// owner's kgate keeps in its default state dir (read_local_token), when every listener on the
+// endpoint's port is this user's; else "".  Read at each call: a file and /proc/net/tcp.
+std::string send_token(const Endpoint& ep);
 
 }  // namespace kgate::client

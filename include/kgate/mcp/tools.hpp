@@ -102,6 +102,8 @@ class Translator final : public ToolHandler {
   // A new kernel's POST /api/kernels body on the default endpoint: this conversation's
   // environment and working directory (when the hosting sends them), as an auto kernel gets.
   json own_environment(const Endpoint& ep) const;
+  // `name` is the token_env of a gateways.toml entry.
+  bool is_token_env(const std::string& name) const;
   // The body of POST /api/kernels for a kernel of this conversation: on `launcher`, or here.
   json new_kernel_body(const Endpoint& ep, const std::string& launcher) const;
   // The cell of `job` asks for input (`request`: its record's input_request): asks the user
