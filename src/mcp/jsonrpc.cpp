@@ -1237,6 +1237,8 @@ StdioServer::StdioServer(ToolHandler& handler, std::istream& in, std::ostream& o
 
 StdioServer::~StdioServer() = default;
 
+void StdioServer::stop() { impl_->session.close(); }
+
 int StdioServer::run() {
   Impl& s = *impl_;
   // std::cin is tied to std::cout: each read would flush cout from this thread, unlocked,

@@ -211,6 +211,9 @@ class StdioServer {
 
   // Reads until EOF and returns the exit code (0). Call it once.
   int run();
+  // The same end as EOF, from any thread (a signal: Claude Code ends its servers with SIGINT,
+  // then SIGTERM): McpSession::close(). run() may still be blocked on stdin; the caller exits.
+  void stop();
 
  private:
   struct Impl;
