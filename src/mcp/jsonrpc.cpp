@@ -186,6 +186,8 @@ struct CallState {
   bool replied = false;    // the reply went out, or was dropped: nothing more is sent for the call
   bool dropped = false;    // notifications/cancelled named the call, so its reply is not sent
   std::optional<double> last_progress;
+  std::chrono::steady_clock::time_point last_progress_at{};
+  std::chrono::milliseconds progress_interval{1000};  // ServerOptions::progress_interval
   std::shared_ptr<TaskState> task;  // a task-augmented call: its reply is kept, not sent
   std::string key;                  // its entry in Shared::in_flight
 };
@@ -375,7 +377,8 @@ std::optional<json> ask_client(const std::weak_ptr<CallState>& weak_state, const
   return response;
 }
 
-// Sends notifications/progress for a call (see Call::progress).
+// Sends notifications/progress for a call (see Call::progress), at most one per
+// ServerOptions::progress_interval.
 void send_progress(const std::weak_ptr<CallState>& weak_state, const std::weak_ptr<Shared>& weak_shared,
                    double progress, std::optional<double> total, const std::string& message) {
   auto st = weak_state.lock();
@@ -385,7 +388,12 @@ void send_progress(const std::weak_ptr<CallState>& weak_state, const std::weak_p
   std::lock_guard lock(st->mutex);
   if (st->replied || st->call.cancelled || shared->closed) return;
   if (st->last_progress && progress <= *st->last_progress) return;
+  // At most one a second per call, whatever the tool's loop does (a cell whose input() was
+  // declined keeps its input_request until the interrupt lands, and the loop spins meanwhile).
+  const auto now = std::chrono::steady_clock::now();
+  if (st->last_progress && now - st->last_progress_at < st->progress_interval) return;
   st->last_progress = progress;
+  st->last_progress_at = now;
   json params = {{"progressToken", *st->call.progress_token}, {"progress", progress}};
   if (total) params["total"] = *total;
   if (!message.empty()) params["message"] = message;
@@ -762,6 +770,7 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   call.progress_token = std::move(token);
   call.protocol_version = era.version;
   call.modern = era.modern;
+  st->progress_interval = opts.progress_interval;
   call.progress = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
                       double progress, std::optional<double> total, const std::string& message) {
     send_progress(weak_state, weak_shared, progress, total, message);

@@ -655,6 +655,9 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
       }
     }
     if (call && call->progress) call->progress(elapsed(), timeout, job + " running");
+    // A declined input() keeps its input_request, which answers the wait at once, until the
+    // interrupt lands: do not spin on it.
+    if (gave_up && rec.contains("input_request")) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
     if (p.status != 200) break;
     rec = p.json_body();

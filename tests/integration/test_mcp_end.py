@@ -71,3 +71,36 @@ def test_sigint_in_the_middle_of_a_cell_interrupts_it_and_stops_the_kernel(kgate
     assert sleep_job["status"] in ("interrupted", "kernel_lost") and sleep_job["ended_at"], sleep_job
     print(f"SIGINT during a cell: gone in {took:.2f} s; the cell's record: {sleep_job['status']}, "
           f"{sleep_job['note']!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Progress (issue 43, point 4): at most one notification a second per call, in every state
+
+def test_a_cancelled_elicitation_sends_no_flood_of_progress(kgate, mcp_bin, tmp_path):  # noqa: F811
+    """After Claude Code cancelled an input() form, kgate-mcp used to send hundreds of
+    notifications/progress in a fraction of a second (its loop spun on the input_request that
+    stays until the interrupt lands)."""
+    p = Mcp(mcp_bin, tmp_path / "mcp", {"KGATE_URL": kgate.url})
+    try:
+        p.request(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}},
+                                    "clientInfo": {"name": "progress-test", "version": "1"}})
+        p.notify("notifications/initialized")
+        p.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "execute", "arguments": {"code": "name = input('name? ')\nprint(name)"},
+                           "_meta": {"progressToken": "p1"}}})
+        ask = p.wait(lambda: next((m for m in p.messages if isinstance(m, dict)
+                                   and m.get("method") == "elicitation/create"), None), timeout=90)
+        assert ask, p.stdout_text()
+        started = time.monotonic()
+        p.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "cancel"}})
+        reply = p.reply(1, timeout=60)
+        took = time.monotonic() - started
+        assert reply["result"]["isError"], reply
+        progress = [m for m in p.messages if isinstance(m, dict) and m.get("method") == "notifications/progress"]
+        # One a second at most (and one at once).
+        after = [m for m in progress if p.messages.index(m) > p.messages.index(ask)]
+        assert len(after) <= 1 + int(took) + 1, (len(after), took)
+        print(f"cancelled input(): {len(after)} progress notification(s) in the {took:.2f} s to the reply")
+    finally:
+        p.close()
+        p.kill()

@@ -1063,6 +1063,24 @@ TEST(JsonRpcTools, MaxConcurrent) {
   EXPECT_EQ(s.tool_when_free(4, "block", rpc_error::kTooManyCalls)["result"]["isError"], false);
 }
 
+TEST(JsonRpcTools, ProgressIsAtMostOneASecond) {
+  // A tool's loop that spins (a declined input() whose interrupt has not landed) sent hundreds
+  // of notifications a second; a client hears at most one a second per call.
+  TestHandler h;
+  h.add("spin", [&](Call& c) {
+    for (int i = 1; i <= 500; ++i) c.progress(i, std::nullopt, "spinning");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    for (int i = 501; i <= 1000; ++i) c.progress(i, std::nullopt, "spinning");
+    return text_reply("ok");
+  });
+  Harness s(h);
+  s.tool(1, "spin", json::object(), {{"progressToken", 7}});
+  auto p = s.progress_for(7);
+  ASSERT_EQ(p.size(), 2u) << s.dump_output();
+  EXPECT_EQ(p[0]["progress"], 1.0);
+  EXPECT_EQ(p[1]["progress"], 501.0);
+}
+
 TEST(JsonRpcTools, ProgressOnlyWithATokenAndIncreasing) {
   TestHandler h;
   std::function<void(double, std::optional<double>, const std::string&)> kept;
@@ -1081,7 +1099,9 @@ TEST(JsonRpcTools, ProgressOnlyWithATokenAndIncreasing) {
     }
     return text_reply("ok");
   });
-  Harness s(h);
+  ServerOptions every = quick_options();
+  every.progress_interval = std::chrono::milliseconds(0);  // this test is about the values, not the rate
+  Harness s(h, every);
   // An integer token.
   s.tool(1, "work", json::object(), {{"progressToken", 42}});
   auto p = s.progress_for(42);

@@ -156,6 +156,9 @@ struct ServerOptions {
   // and it may still be inside ToolHandler::call. The process should exit without destroying
   // the handler, e.g. with std::_Exit after flushing.
   std::chrono::milliseconds eof_grace{2000};
+  // At most one notifications/progress per call this often (the first always goes out): a
+  // tool's loop may report far more often than a client wants to hear.
+  std::chrono::milliseconds progress_interval{1000};
   // The "instructions" of the initialize and server/discover results; left out when empty.
   std::string instructions;
   // Whether the transport carries requests to the client (Call::ask_client): stdio does; an
