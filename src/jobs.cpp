@@ -876,7 +876,9 @@ void JobStore::sweep() {
       auto it = jobs_.find(n);
       if (it == jobs_.end()) continue;
       Job& j = it->second;
-      if (j.running() && j.reply_at && now - *j.reply_at >= limits_.reply_grace) {
+      // A task's starting cell is answered at once and the task runs on: its end is task_end,
+      // never the reply grace (which ended every task "ok" 5 s in, while it ran on).
+      if (j.running() && !j.task && j.reply_at && now - *j.reply_at >= limits_.reply_grace) {
         JobStatus st = JobStatus::ok;
         if (j.ename == "KeyboardInterrupt") st = JobStatus::interrupted;
         else if (!j.ename.empty() || j.reply_status == "error") st = JobStatus::error;

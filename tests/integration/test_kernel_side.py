@@ -416,6 +416,29 @@ def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
         agent.exit()
 
 
+def test_a_background_task_stays_running_until_it_ends(kgate_factory, mcp_bin, tmp_path):  # noqa: F811
+    """A task's starting cell is answered at once; its job used to be ended "ok" by the reply
+    grace (5 s) while the task printed on, so poll_job, server_status and the refusal all said
+    it was over. Followed here to its real end, past the grace."""
+    kg = kgate_factory()
+    agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
+    try:
+        code = "import time\nfor i in range(9):\n    print('tick', i, flush=True)\n    time.sleep(1)"
+        text = agent.ok("execute", code=code, background=True)
+        job = re.search(r"(job-\d+) runs in the background", text).group(1)
+        text = agent.ok("poll_job", job=job, wait=6.5)  # past the 5 s grace
+        assert f"{job}: running" in text or "still running" in text, text
+        status = agent.ok("server_status")
+        assert f"running: {job}" in status, status
+        assert job in agent.error("execute", code="1 + 1")
+        assert kg.rest("GET", f"/api/kgate/jobs/{job}")[2]["status"] == "running"
+        text = agent.ok("poll_job", job=job, wait=15)
+        assert f"{job}: ok" in text and "tick 8" in text, text
+        assert agent.ok("execute", code="print('after')").startswith("after")
+    finally:
+        agent.exit()
+
+
 def test_a_person_stops_a_silent_cell_of_an_attached_client(kgate_factory):
     """A silent cell is a cell: recorded, and stopped through the kernel side like any other."""
     kg, kid = kgate_with_kernel(kgate_factory)

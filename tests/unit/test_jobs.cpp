@@ -187,6 +187,23 @@ TEST(JobStore, ReplyBacksUpALostIdle) {
   EXPECT_EQ(j.ename, "ValueError");
 }
 
+TEST(JobStore, TheReplyGraceNeverEndsATask) {
+  // A task's starting cell is answered at once; the task runs on until its task_end.
+  RecordLimits l;
+  l.reply_grace = 0ms;
+  Fixture f(l);
+  ASSERT_TRUE(f.submit("a", "for i in range(40): ..."));
+  const std::string req = f.last_request();
+  f.iopub("status", req, {{"execution_state", "busy"}}, f.store->session());
+  f.store->on_kernel_side_event(f.kernel, {{"event", "task_start"}, {"request", req}});
+  f.reply(req, {{"status", "ok"}});
+  f.iopub("status", req, {{"execution_state", "idle"}}, f.store->session());
+  f.store->sweep();
+  EXPECT_EQ(f.job("job-1").status, JobStatus::running);
+  f.store->on_kernel_side_event(f.kernel, {{"event", "task_end"}, {"request", req}, {"status", "ok"}});
+  EXPECT_EQ(f.job("job-1").status, JobStatus::ok);
+}
+
 TEST(JobStore, ReplyGraceWaitsForTheIdle) {
   Fixture f;  // reply_grace 5 s
   ASSERT_TRUE(f.submit("a", "print('x')"));
