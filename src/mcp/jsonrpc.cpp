@@ -433,6 +433,7 @@ struct McpSession::Impl {
   void cancel(const json& params);
   void reap();
   void at_eof();
+  std::string instructions() const { return opts.instructions.empty() ? handler.instructions() : opts.instructions; }
 
   void send(const json& msg) {
     if (!shared->closed && out) out(msg);
@@ -651,7 +652,7 @@ void McpSession::Impl::initialize(const json& id, const json& params) {
   if (legacy_version == kTasksVersion)  // tools/call of a tool whose execution.taskSupport allows it
     result["capabilities"]["tasks"] = {{"list", json::object()}, {"cancel", json::object()},
                                        {"requests", {{"tools", {{"call", json::object()}}}}}};
-  if (!opts.instructions.empty()) result["instructions"] = opts.instructions;
+  if (auto text = instructions(); !text.empty()) result["instructions"] = std::move(text);
   send(make_result(id, std::move(result)));
 }
 
@@ -663,7 +664,7 @@ void McpSession::Impl::discover(const json& id) {
                  {"_meta", {{std::string(kMetaServerInfo), server_info()}}},
                  {"ttlMs", kListTtlMs},
                  {"cacheScope", "public"}};
-  if (!opts.instructions.empty()) result["instructions"] = opts.instructions;
+  if (auto text = instructions(); !text.empty()) result["instructions"] = std::move(text);
   send(make_result(id, std::move(result)));
 }
 

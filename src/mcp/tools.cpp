@@ -179,43 +179,35 @@ std::vector<CellOutput> job_outputs(KernelChannel& channel, const json& rec, boo
   return outs;
 }
 
+// What the model reads first (issue 43): Claude Code defers the tools behind its tool search, so
+// the server's instructions say when to load them, and the two main descriptions stay short
+// (at most 700 characters each; the details are in the README and the parameters' own text).
+const char* kInstructions =
+    "Live Python (Jupyter) kernels that outlive this conversation and that a person can attach "
+    "to and share. Use execute for stateful Python work: data, plots, long computations; "
+    "variables persist between calls. A cell still running after its timeout goes on as a job: "
+    "follow it with poll_job, do not re-run it. Earlier kernels are listed by list_kernels and "
+    "resumed with connect(kernel=id). When the user ran cells in the same kernel, the reply "
+    "says so: read them before relying on the state. verify re-runs cells in a fresh kernel.";
+
 const char* kConnectDesc =
-    "Connect this conversation to a Jupyter kernel, making it the current kernel that execute, "
-    "poll_job, restart and interrupt act on.\n\n"
-    "host: '' (default) is the local kgate gateway; a name is an entry of "
-    "$XDG_CONFIG_HOME/kgate/gateways.toml (which holds its URL and token: never pass tokens "
-    "here); a URL (http://host:port/) is used as is.\n"
-    "kernel: a unique prefix of an existing kernel's id (see list_kernels). With it, this "
-    "attaches to that kernel as it is and runs nothing: its variables and imports are still "
-    "there. That is how a later conversation resumes earlier work. Without it, a fresh kernel is "
-    "created, startup.py runs in it and inspectors.py is installed; the reply gives the new id "
-    "(write it down: a later conversation reconnects with it) and startup's output.\n"
-    "launcher: for a new kernel, one of the gateway's launchers (list_kernels lists them): the "
-    "kernel runs there, e.g. as a Slurm job on a cluster node. A job still waiting in the "
-    "scheduler's queue is reported as queued; poll with server_status, execute works once it runs.\n\n"
-    "On the default gateway a new kernel starts in this conversation's working directory with "
-    "its environment. Kernels made or attached with connect are never stopped implicitly: "
-    "stop_kernel stops one. If the current kernel was the auto kernel (made by execute), "
-    "connecting elsewhere stops it; connecting to it by id keeps it.";
+    "Connect this conversation to a Jupyter kernel; execute, poll_job, restart and interrupt then "
+    "act on it. kernel: an existing kernel's id prefix (list_kernels) to attach to as it is, "
+    "variables included: that is how a later conversation resumes work. Without it a fresh kernel "
+    "is made (startup.py runs in it) and the reply gives its id: note it. host: '' = the local "
+    "kgate, a gateways.toml name, or a URL; never a token. launcher: run a new kernel elsewhere, "
+    "e.g. as a Slurm job (list_kernels lists them; a queued job is reported as queued). Kernels "
+    "made or attached here are stopped only by stop_kernel.";
 
 const char* kExecuteDesc =
-    "Run Python code in the current kernel (as a notebook cell would) and return its output: "
-    "stdout/stderr, the value of the last expression, errors with a capped traceback, and "
-    "images (matplotlib figures, PIL images, ...) as image blocks. State persists between "
-    "calls: variables, imports and definitions stay until a restart.\n\n"
-    "If there is no current kernel, one is created for this conversation (the auto kernel), "
-    "stopped when the conversation ends unless you connect to it.\n\n"
-    "timeout (default 30 s): how long to wait. A cell still running then keeps running as a "
-    "job: the reply gives its id (job-N) and the output so far. Use poll_job('job-N') to wait "
-    "for it or read it later, and interrupt to stop it. Do not re-run it.\n\n"
-    "Only one cell runs at a time in a kernel and an agent's cell does not queue: if the user "
-    "(a person attached to the same kernel) or an earlier job is running, the call is refused "
-    "and names the running job: wait for it with poll_job. input() asks the user through the "
-    "client when it supports MCP elicitation; otherwise it raises StdinNotImplementedError, so "
-    "pass values in the code. Output is cleaned (ANSI colours removed, progress bars "
-    "collapsed) and capped; print summaries rather than huge dumps. When the user ran cells "
-    "since your last call, the reply ends with a note naming them: read them with poll_job, "
-    "since variables may have changed.";
+    "Run Python code in the current kernel, as a notebook cell, and return its output in order: "
+    "stdout/stderr, the last expression's value, the error, and images. State persists between "
+    "calls. With no current kernel, an auto kernel is made for this conversation and stopped when "
+    "it ends. timeout (default 30 s): a cell still running then goes on as job-N; follow it with "
+    "poll_job, stop it with interrupt, do not re-run it. One cell runs at a time: if the user's or "
+    "an earlier job runs, the call is refused and names it. input() asks the user when the client "
+    "can. Output is cleaned and capped: print summaries. A closing note names cells the user ran "
+    "since your last call.";
 
 const char* kPollDesc =
     "Wait for a job (job-N, from execute or from the note about the user's cells) and return "
@@ -282,6 +274,8 @@ Translator::~Translator() {
   drop_links();
   channel_.close();
 }
+
+std::string Translator::instructions() const { return kInstructions; }
 
 json Translator::tool_list() const {
   auto obj = [](json props, std::vector<std::string> required = {}) {

@@ -289,6 +289,10 @@ def test_tools_list(mcp):
         assert isinstance(t.get("description"), str) and t["description"], t["name"]
         assert t["inputSchema"]["type"] == "object", t["name"]
         assert "outputSchema" not in t, f"{t['name']}: an outputSchema makes clients show images as text"
+    # What the model reads first stays short (the details are in the README).
+    for name in ("connect", "execute"):
+        desc = next(t["description"] for t in tools if t["name"] == name)
+        assert len(desc) <= 700, (name, len(desc))
     # The same order every time.
     assert [t["name"] for t in p.request(2, "tools/list")["result"]["tools"]] == names
     assert p.close()[0] == 0
@@ -443,8 +447,13 @@ def test_server_discover(mcp):
     assert res["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "kgate-mcp"
     assert isinstance(res["ttlMs"], int) and res["ttlMs"] >= 0
     assert res["cacheScope"] in ("public", "private")
+    # Short instructions, in both eras: when to use the kernel tools (Claude Code defers them).
+    text = res["instructions"]
+    assert 0 < len(text) <= 600 and "execute" in text and "poll_job" in text, text
     # A dual-era client may go on with initialize on the same process.
-    assert initialize(p)["result"]["protocolVersion"] == "2025-11-25"
+    init = initialize(p)["result"]
+    assert init["protocolVersion"] == "2025-11-25"
+    assert init["instructions"] == text
     assert p.close()[0] == 0
     p.assert_stdout_is_protocol()
 

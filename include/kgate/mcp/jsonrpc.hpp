@@ -126,6 +126,9 @@ class ToolHandler {
   // The "tools" array of tools/list, always in the same order. StdioServer calls it on the reader
   // thread, for each tools/list and each tools/call, which is how it checks the tool name.
   virtual json tool_list() const = 0;
+  // The server's "instructions" (initialize and server/discover) when ServerOptions has none;
+  // "" leaves them out.
+  virtual std::string instructions() const { return {}; }
   // Runs one call on its own worker thread and may block for minutes; calls can run concurrently.
   // Arguments that break the tool's inputSchema never reach it (see check_arguments). Throw
   // InvalidParams for other bad arguments. It, and any other exception, becomes a tool result

@@ -43,6 +43,7 @@ class Translator final : public ToolHandler {
   ~Translator() override;
 
   json tool_list() const override;
+  std::string instructions() const override;
   ToolReply call(Call& call) override;
   void cancelled(Call& call) override;
   void client_info(const std::string& name, const std::string& version) override;  // names the agent's label
