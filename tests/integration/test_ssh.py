@@ -157,3 +157,51 @@ def test_a_restarted_kgate_readopts_an_ssh_kernel_behind_forwarding(kgate_bin, s
         kg2.delete_kernel(kid)
     finally:
         kg2.stop(sig=signal.SIGINT)
+
+
+def test_squatters_on_the_control_link_cannot_lock_kgate_out(kgate_bin, sshd, tmp_path):
+    """Connections that never finish the handshake used to fill the launcher's 8 slots, and every
+    newer one was closed at once: a squatter holding 8 open kept kgate out until link_timeout.
+    Now the oldest unfinished peer makes room: the next kgate re-adopts the kernel through 20
+    idle connections, and the control link still refuses whoever does not hold the key."""
+    import json
+    import socket
+    (tmp_path / "kgate.toml").write_text("[pool]\nsize = 0\n" +
+                                         ssh_launcher("direct", sshd, tmp_path / "node-runtime", forward=False))
+    kg1 = Kgate(kgate_bin, tmp_path, config=tmp_path / "kgate.toml").start()
+    squat = []
+    try:
+        kid = ssh_kernel(kg1, "direct")["id"]
+        with kg1.connect(kid) as ws:
+            assert ws.execute("x = 41").status == "ok"
+        entry = json.loads((kg1.own_token_file.parent / "kernels" / f"{kid}.json").read_text())
+        port = entry["remote"]["control_link_port"]
+        os.kill(kg1.proc.pid, signal.SIGKILL)
+        kg1.proc.wait(10)
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            squat.append(s)
+        # Each is challenged (the v2 handshake), and one that answers wrongly is refused.
+        assert squat[-1].recv(200).startswith(b"challenge2 ")
+        liar = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert liar.recv(200).startswith(b"challenge2 ")
+        liar.sendall(b"prove " + b"ab" * 16 + b"\n")
+        assert liar.recv(200).startswith(b"proof ")
+        liar.sendall(b"auth " + b"00" * 32 + b"\n")
+        assert liar.recv(200) == b"", "a wrong answer got more than a close"
+        liar.close()
+    except BaseException:
+        kg1.stop(sig=signal.SIGINT)
+        raise
+    kg2 = Kgate(kgate_bin, tmp_path, config=tmp_path / "kgate.toml").start()
+    try:
+        assert "re-adopting it from an earlier kgate" in kg2.log_tail(200), kg2.log_tail()
+        assert wait_until(lambda: kg2.kernel_model(kid)["execution_state"] == "idle", 30), kg2.log_tail()
+        with kg2.connect(kid) as ws:
+            r = ws.execute("print(x + 1)")
+            assert r.status == "ok" and r.stdout.strip() == "42", r
+        kg2.delete_kernel(kid)
+    finally:
+        for s in squat:
+            s.close()
+        kg2.stop(sig=signal.SIGINT)
