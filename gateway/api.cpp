@@ -37,6 +37,7 @@ json kernel_model_json(const KernelModel& m) {
   // kgate's own fields (jupyter_server has none of these; clients ignore unknown keys).
   if (!m.placement.is_null()) j["kgate_placement"] = m.placement;
   if (!m.kernel_side.is_null()) j["kgate_kernel_side"] = m.kernel_side;
+  if (!m.conversation.empty()) j["kgate_conversation"] = m.conversation;
   j["responsive"] = m.responsive;
   if (!m.responsive && m.execution_state != "dead") j["silent_seconds"] = std::round(m.silent_seconds * 10) / 10;
   return j;
@@ -131,7 +132,7 @@ CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std
 }
 
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
-                  const std::string& base);
+                  const std::string& base, const std::string& conversation = {});
 
 // max_kernels refusals: a slot frees when a kernel is shut down, culled or fails to start.
 constexpr int kRetryAfterSeconds = 5;
@@ -210,6 +211,17 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     sr.cull_idle_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(v * 1000 + 0.5));
   }
+  // The agent whose conversation makes this kernel as its auto kernel (README "The end of a
+  // conversation"): stopped once that agent is gone, unless kept or attached.
+  std::string conversation;
+  if (auto it = body.find("kgate_conversation"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().empty() || it->get_ref<const std::string&>().size() > 128) {
+      respond(json_error(req, http::status::bad_request,
+                         "\"kgate_conversation\" must be the agent id (1 to 128 characters) whose auto kernel this is"));
+      return;
+    }
+    conversation = it->get<std::string>();
+  }
   // A remote launcher (DEV.md §4f): by name here, else the kernelspec's metadata.kgate.launcher.
   std::string launcher_name;
   json launcher_options;
@@ -240,7 +252,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   auto version = req.version();
   std::string base = opts.base_url;
   server.with_catalog([&server, name, sr = std::move(sr), respond, keep_alive, version, base, launcher_name,
-                       launcher_options](std::shared_ptr<const Catalog> cat) mutable {
+                       launcher_options, conversation](std::shared_ptr<const Catalog> cat) mutable {
     Request fake;
     fake.version(version);
     fake.keep_alive(keep_alive);
@@ -290,12 +302,12 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
       respond(json_error(fake, http::status::bad_request, bad));
       return;
     }
-    start_kernel(server, std::move(sr), respond, keep_alive, version, base);
+    start_kernel(server, std::move(sr), respond, keep_alive, version, base, conversation);
   }, name);
 }
 
 void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
-                  const std::string& base) {
+                  const std::string& base, const std::string& conversation) {
   const std::string chosen_id = sr.id;
   // A remote kernel may wait in a scheduler's queue: after ready_timeout the POST is answered
   // 202 Accepted with the kernel's model (state starting, kgate_placement saying where it
@@ -307,12 +319,13 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
     if (sr.id.empty()) sr.id = kgate::new_uuid();
     auto timer = std::make_shared<net::steady_timer>(server.ioc(), server.options().kernel.ready_timeout);
     const std::string id = sr.id;
-    timer->async_wait([timer, answered, &server, respond, keep_alive, version, base, id, chosen_id](
+    timer->async_wait([timer, answered, &server, respond, keep_alive, version, base, id, chosen_id, conversation](
                           const boost::system::error_code& ec) {
       if (ec || *answered) return;
       auto k = server.manager().get(id);
       if (!k) return;  // it failed meanwhile: the start's answer is on its way
       *answered = true;
+      if (!conversation.empty()) k->set_conversation(conversation);
       server.admitted(id);
       if (!chosen_id.empty()) server.reserve_kernel_id(chosen_id, false);
       Request fake;
@@ -323,10 +336,12 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
       respond(std::move(res));
     });
   }
-  auto done = [&server, respond, keep_alive, version, base, chosen_id, answered](StartResult r) {
-    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, chosen_id, &server, answered] {
+  auto done = [&server, respond, keep_alive, version, base, chosen_id, answered, conversation](StartResult r) {
+    net::post(server.ioc(), [r = std::move(r), respond, keep_alive, version, base, chosen_id, &server, answered,
+                             conversation] {
       if (*answered) return;  // answered 202 already; the kernel's model tells the rest
       *answered = true;
+      if (r.kernel && !conversation.empty()) r.kernel->set_conversation(conversation);
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);

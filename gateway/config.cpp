@@ -261,6 +261,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "cull_interval") c.interval = std::chrono::seconds(r.integer(node, full, 1, 86400));
         else if (key == "cull_connected") c.connected = r.boolean(node, full);
         else if (key == "cull_busy") c.busy = r.boolean(node, full);
+        else if (key == "auto_kernel_grace_seconds")
+          c.auto_kernel_grace = std::chrono::seconds(r.integer(node, full, 0, 86400));
         else r.fail(full, "unknown key");
       } else if (section == "remote") {
         if (key == "registration_ip") {

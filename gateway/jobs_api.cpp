@@ -656,6 +656,16 @@ void kgate_kernel_get(Call& c) {
   c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
 }
 
+// POST /api/kgate/kernels/{kernel_id}/keep: the kernel is no longer a conversation's auto kernel
+// (its agent connected to it by id), so it outlives the conversation. 200 with the kernel.
+void kgate_kernel_keep(Call& c) {
+  auto k = c.server.manager().get(c.param(0));
+  if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
+  if (!k->conversation().empty()) spdlog::info("kernel {}: kept past its conversation", k->id());
+  k->set_conversation("");
+  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
+}
+
 // POST /api/kgate/jobs/{job}/input {"value", "agent"}: the answer to the job's input().
 void job_input(Call& c) {
   auto r = replier(c.req, std::move(c.respond));

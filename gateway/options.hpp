@@ -84,6 +84,10 @@ struct GatewayOptions {
     std::chrono::seconds interval{300};    // cull_interval: how often kernels are checked (>= 1)
     bool connected = false;                // cull_connected: also kernels with websocket clients
     bool busy = false;                     // cull_busy: also busy kernels
+    // auto_kernel_grace_seconds: a conversation's auto kernel (POST "kgate_conversation") is
+    // stopped this long after its agent is gone (kgate-mcp killed, say), unless a client is
+    // connected to it; 0 = never.
+    std::chrono::seconds auto_kernel_grace{60};
   } culling;
 
   // Listeners and TLS (DEV.md "Threads and sockets" and "Security").

@@ -33,6 +33,7 @@ const std::vector<Route>& routes() {
       {get,        "api/kgate/launchers",                    kgate_launchers},
       {get,        "api/kgate/kernels",                      kgate_kernels_list},
       {get,        "api/kgate/kernels/{kernel_id}",          kgate_kernel_get},
+      {post,       "api/kgate/kernels/{kernel_id}/keep",     kgate_kernel_keep},
       {post,       "api/kgate/kernels/{kernel_id}/execute",  kgate_execute,    records},
       {post,       "api/kgate/kernels/{kernel_id}/restart",  kgate_restart,    records},
       {get,        "api/kgate/kernels/{kernel_id}/digest",   kgate_digest,     records},

@@ -116,6 +116,7 @@ void job_interrupt(Call&);         // POST /api/kgate/jobs/{job}/interrupt
 void job_input(Call&);             // POST /api/kgate/jobs/{job}/input: the answer to its input()
 void kgate_kernels_list(Call&);    // GET /api/kgate/kernels
 void kgate_kernel_get(Call&);      // GET /api/kgate/kernels/{kernel_id}
+void kgate_kernel_keep(Call&);     // POST /api/kgate/kernels/{kernel_id}/keep
 void kgate_execute(Call&);         // POST /api/kgate/kernels/{kernel_id}/execute
 void kgate_restart(Call&);         // POST /api/kgate/kernels/{kernel_id}/restart
 void kgate_digest(Call&);          // GET /api/kgate/kernels/{kernel_id}/digest

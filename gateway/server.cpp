@@ -190,6 +190,7 @@ void Server::on_signal(beast::error_code ec, int sig) {
 
 void Server::sweep_jobs() {
   jobs_.sweep();
+  stop_orphaned_auto_kernels();
   sweep_timer_.expires_after(std::chrono::seconds(1));
   sweep_timer_.async_wait([this](beast::error_code ec) {
     if (!ec && !stopping_) sweep_jobs();
@@ -216,6 +217,24 @@ void Server::arm_cull_timer() {
   cull_timer_.async_wait([this](beast::error_code ec) {
     if (!ec && !stopping_) cull_kernels();
   });
+}
+
+void Server::stop_orphaned_auto_kernels() {
+  const auto grace = opts_.culling.auto_kernel_grace;
+  if (grace.count() <= 0) return;
+  for (const auto& k : manager_->list()) {
+    const std::string agent = k->conversation();
+    if (agent.empty() || k->connections() > 0) continue;
+    auto gone = jobs_.agent_gone(agent);
+    if (!gone || gone->for_ < grace) continue;
+    CullRequest req;
+    req.orphan = true;
+    req.setting = "stopped: it was the auto kernel of a conversation that ended without stopping it (" +
+                  (gone->label.empty() ? agent : gone->label) + ", gone " +
+                  std::to_string(gone->for_.count() / 1000) + " s; auto_kernel_grace_seconds = " +
+                  std::to_string(grace.count()) + ")";
+    manager_->cull(k->id(), std::move(req), {});  // a stop under way is not started again
+  }
 }
 
 void Server::cull_kernels() {

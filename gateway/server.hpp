@@ -110,7 +110,9 @@ class Server {
   void arm_hup();
   void sweep_jobs();
   void arm_cull_timer();
-  void cull_kernels();  // every [culling] cull_interval, on the Asio thread
+  void cull_kernels();
+  // Stops the auto kernels whose conversation's agent is gone for auto_kernel_grace (each second).
+  void stop_orphaned_auto_kernels();  // every [culling] cull_interval, on the Asio thread
   // Logs default_kernel_warning (api.hpp) once the catalog is known, `when` before it.
   void warn_default_kernel(const std::string& default_kernel, const char* when);
 

@@ -1167,6 +1167,18 @@ void JobStore::agent_disconnected(const std::string& agent, bool clean) {
   notify();
 }
 
+std::optional<JobStore::Gone> JobStore::agent_gone(const std::string& agent) const {
+  std::lock_guard lk(mu_);
+  auto it = agents_.find(agent);
+  if (it == agents_.end()) return std::nullopt;
+  const Agent& a = it->second;
+  if (a.connections > 0) return std::nullopt;
+  const auto now = Clock::now();
+  const auto since = a.exited ? a.last_seen : a.last_seen + limits_.claim_grace;
+  if (now < since) return std::nullopt;
+  return Gone{std::chrono::duration_cast<std::chrono::milliseconds>(now - since), a.label};
+}
+
 void JobStore::touch_agent(const AgentRef& agent) {
   std::lock_guard lk(mu_);
   auto& a = agents_[agent.agent];

@@ -108,6 +108,7 @@ KernelModel Kernel::model() const {
   m.reason = reason_;
   m.placement = placement_;
   m.kernel_side = kernel_side_locked();
+  m.conversation = conversation_;
   m.responsive = responsive_ && state_ != "dead";
   if (!responsive_ && state_ != "dead")
     m.silent_seconds = std::chrono::duration<double>(Clock::now() - silent_since_).count();
@@ -226,6 +227,16 @@ std::optional<std::chrono::milliseconds> Kernel::cull_idle_timeout() const {
 void Kernel::set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t) {
   std::lock_guard lk(mu_);
   cull_idle_timeout_ = t;
+}
+
+void Kernel::set_conversation(std::string agent) {
+  std::lock_guard lk(mu_);
+  conversation_ = std::move(agent);
+}
+
+std::string Kernel::conversation() const {
+  std::lock_guard lk(mu_);
+  return conversation_;
 }
 
 void Kernel::handed_out() {
@@ -1565,14 +1576,21 @@ bool KernelManager::Impl::cull_now(KernelIo& k, const CullRequest& req) {
     begin_stop(k, /*restart=*/false);  // not running: removed at once
     return true;
   }
-  if (k.phase != Phase::ready || req.idle_timeout.count() <= 0) return false;
-  auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(k.kernel->idle_for());
-  if (idle <= req.idle_timeout) return false;  // activity since the gateway looked
-  if (!req.cull_busy && (k.kernel->execution_state() == "busy" || !k.task.empty())) return false;
+  if (k.phase != Phase::ready) return false;
   int connections = k.kernel->connections();
-  if (!req.cull_connected && connections > 0) return false;
-  std::string reason = "culled after " + std::to_string(idle.count() / 1000) + " s idle (" +
-                       req.setting + " = " + seconds_text(req.idle_timeout) + " s)";
+  auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(k.kernel->idle_for());
+  std::string reason;
+  if (req.orphan) {
+    if (connections > 0 || k.kernel->conversation().empty()) return false;  // a person came, or it was kept
+    reason = req.setting;
+  } else {
+    if (req.idle_timeout.count() <= 0) return false;
+    if (idle <= req.idle_timeout) return false;  // activity since the gateway looked
+    if (!req.cull_busy && (k.kernel->execution_state() == "busy" || !k.task.empty())) return false;
+    if (!req.cull_connected && connections > 0) return false;
+    reason = "culled after " + std::to_string(idle.count() / 1000) + " s idle (" + req.setting + " = " +
+             seconds_text(req.idle_timeout) + " s)";
+  }
   spdlog::warn("kernel {}: {} with {} connection(s), state {}", id, reason, connections,
                k.kernel->execution_state());
   // The records first (a client that sees dead finds its cell ended), then the clients: the

@@ -251,6 +251,13 @@ class JobStore final : public KernelObserver {
   void agent_connected(const AgentRef& agent);
   void agent_disconnected(const std::string& agent, bool clean);
   void touch_agent(const AgentRef& agent);  // any request that names the agent
+  // How long `agent` has been gone (no longer alive, as above), with its label; nullopt while it
+  // is alive, and for an agent kgate never heard of (nothing to go by: never taken for gone).
+  struct Gone {
+    std::chrono::milliseconds for_{0};
+    std::string label;
+  };
+  std::optional<Gone> agent_gone(const std::string& agent) const;
 
   std::optional<Job> job(const std::string& id) const;
   struct Listing {

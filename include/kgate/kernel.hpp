@@ -103,6 +103,9 @@ struct KernelModel {
   // kgate's kernel side in it (DEV.md §14, kernel_side.hpp): null until known, then
   // {"installed", "features": {name: true | "why off"}, "refused": [who tried to shut it down]}.
   json kernel_side;
+  // The agent (AgentRef::agent) whose conversation made it as its auto kernel, "" for none: it is
+  // stopped once that agent is gone (README "The end of a conversation").
+  std::string conversation;
 };
 
 // One kernel.  Created and driven by KernelManager; the gateway reads its model (from any
@@ -154,6 +157,9 @@ class Kernel {
   json placement() const;
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
   void set_cull_idle_timeout(std::optional<std::chrono::milliseconds> t);
+  // The conversation whose auto kernel it is (KernelModel::conversation); "" when it is kept.
+  void set_conversation(std::string agent);
+  std::string conversation() const;
   // At hand-out: the kernel's age and idle time start now; it becomes visible.
   void handed_out();
   void set_pooled(bool p) noexcept { pooled_.store(p); }
@@ -179,6 +185,7 @@ class Kernel {
   Clock::time_point created_ = Clock::now();
   Clock::time_point last_touch_ = created_;
   std::optional<std::chrono::milliseconds> cull_idle_timeout_;
+  std::string conversation_;
   std::filesystem::path connection_file_;
   ConnectionInfo conn_;
   int pid_ = -1;
@@ -261,6 +268,9 @@ struct CullRequest {
   bool cull_busy = false;                     // also while execution_state is busy
   bool cull_connected = false;                // also with websocket clients connected
   std::string setting;  // the setting that culls it, named to clients: "cull_idle_timeout"
+  // An auto kernel whose conversation is gone (README "The end of a conversation"): stopped
+  // whatever its idle time and state, unless a client is connected; `setting` is the reason.
+  bool orphan = false;
 };
 
 struct StartResult {

@@ -867,6 +867,8 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   json apij = api.json_body();
   bool kgate = apij.is_object() && apij.contains("extensions") && apij["extensions"].contains("kgate");
   json body = new_kernel_body(ep, launcher);
+  // kgate stops it if this process dies without doing so (README "The end of a conversation").
+  if (auto_kernel && kgate && !hosting_.stateless) body["kgate_conversation"] = agent_;
   {
     std::lock_guard lk(mu_);
     posting_ = true;
@@ -984,6 +986,9 @@ ToolReply Translator::connect(Call& c) {
       if (d.status != 204 && d.status != 404) note = "\nnote: stopping the auto kernel failed (" + d.message() + ")";
     }
     Current cur{ep, matches[0], false, old && old->kernel == matches[0] && old->made, kgate, "", false};
+    // Connected to by id, it outlives every conversation: kgate stops it with none (its own
+    // auto kernel, or another conversation's, resumed in time).
+    if (kgate) http->post("api/kgate/kernels/" + cur.kernel + "/keep", json::object(), 10s);
     make_current(cur);
     std::vector<std::string> to_ack;
     std::string fnote = foreign_note(Target{cur, http}, to_ack);

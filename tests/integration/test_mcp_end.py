@@ -104,3 +104,69 @@ def test_a_cancelled_elicitation_sends_no_flood_of_progress(kgate, mcp_bin, tmp_
     finally:
         p.close()
         p.kill()
+
+
+# --------------------------------------------------------------------------------------------
+# kgate's side: a conversation killed without its end (kill -9, the OOM killer)
+
+@pytest.fixture
+def quick_orphans(kgate_factory, tmp_path):
+    """A kgate that stops an orphaned auto kernel 1 s after its agent is gone, and takes a
+    dropped agent for gone 1 s after its connection dropped."""
+    cfg = tmp_path / "kgate.toml"
+    cfg.write_text("[records]\nclaim_grace_seconds = 1\n\n[culling]\nauto_kernel_grace_seconds = 1\n")
+    return kgate_factory(config=cfg)
+
+
+def auto_kernel_of(kg, p, id_):
+    before = set(kernel_ids(kg))
+    call(p, id_, "execute", code="x = 1")
+    assert not p.reply(id_, timeout=90)["result"].get("isError")
+    (kid,) = set(kernel_ids(kg)) - before
+    return kid
+
+
+def test_a_killed_conversations_auto_kernel_is_stopped_by_kgate(quick_orphans, mcp_bin, tmp_path):  # noqa: F811
+    kg = quick_orphans
+    p = Mcp(mcp_bin, tmp_path / "a", {"KGATE_URL": kg.url})
+    kid = auto_kernel_of(kg, p, 1)
+    status, _, model = kg.rest("GET", f"/api/kgate/kernels/{kid}")
+    assert model["kgate_conversation"].startswith("kgate-mcp-"), model
+    call(p, 2, "execute", code="import time\ntime.sleep(60)", timeout=120)
+    assert wait_until(lambda: kg.kernel_model(kid)["execution_state"] == "busy", 15)
+    p.proc.kill()  # SIGKILL: no end of its own
+    p.proc.wait()
+    assert wait_until(lambda: kid not in kernel_ids(kg), 15), kg.log_tail()
+    took = [ln for ln in kg.log_lines if "auto kernel of a conversation that ended" in ln]
+    assert took, kg.log_tail()
+    # The running cell's record says why its kernel went.
+    body = kg.rest("GET", f"/api/kgate/jobs?kernel={kid}")[2]
+    cell = next(j for j in body["jobs"] if "sleep" in j["code"])
+    assert cell["status"] == "culled" and "conversation that ended" in cell["note"], cell
+
+
+def test_an_attached_or_kept_auto_kernel_outlives_its_killed_conversation(quick_orphans, mcp_bin, tmp_path):  # noqa: F811
+    kg = quick_orphans
+    # A person's client is attached to one conversation's auto kernel...
+    p1 = Mcp(mcp_bin, tmp_path / "a", {"KGATE_URL": kg.url})
+    attached = auto_kernel_of(kg, p1, 1)
+    ws = kg.connect(attached)
+    # ...and another conversation connected to its own auto kernel by id.
+    p2 = Mcp(mcp_bin, tmp_path / "b", {"KGATE_URL": kg.url})
+    kept = auto_kernel_of(kg, p2, 1)
+    call(p2, 2, "connect", kernel=kept)
+    assert "no longer the auto kernel" in p2.reply(2, timeout=30)["result"]["content"][0]["text"]
+    assert "kgate_conversation" not in kg.rest("GET", f"/api/kgate/kernels/{kept}")[2]
+    try:
+        for p in (p1, p2):
+            p.proc.kill()
+            p.proc.wait()
+        time.sleep(4)  # past claim_grace + auto_kernel_grace, and a few sweeps
+        assert attached in kernel_ids(kg) and kept in kernel_ids(kg), kg.log_tail()
+        assert ws.run("print(x)").strip() == "1"
+    finally:
+        ws.close()
+    # Once the person leaves, the orphan goes; the kept kernel stays.
+    assert wait_until(lambda: attached not in kernel_ids(kg), 15), kg.log_tail()
+    assert kept in kernel_ids(kg)
+    kg.delete_kernel(kept)

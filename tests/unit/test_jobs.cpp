@@ -343,6 +343,26 @@ TEST(JobStore, ClaimsHoldWhileTheAgentIsAlive) {
   EXPECT_TRUE(f.submit("c", "3"));
 }
 
+TEST(JobStore, AnAgentIsGoneOnceItsClaimWouldLapse) {
+  RecordLimits l;
+  l.claim_grace = 100ms;
+  Fixture f(l);
+  EXPECT_FALSE(f.store->agent_gone("never-seen"));  // nothing to go by: never taken for gone
+  f.store->agent_connected(AgentRef{"a", "Claude A"});
+  EXPECT_FALSE(f.store->agent_gone("a"));
+  f.store->agent_disconnected("a", /*clean=*/false);
+  EXPECT_FALSE(f.store->agent_gone("a"));  // it may come back within the grace
+  std::this_thread::sleep_for(150ms);
+  auto gone = f.store->agent_gone("a");
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->label, "Claude A");
+  EXPECT_GE(gone->for_.count(), 40);
+  f.store->agent_connected(AgentRef{"a", ""});  // it came back after all
+  EXPECT_FALSE(f.store->agent_gone("a"));
+  f.store->agent_disconnected("a", /*clean=*/true);  // an exit is gone at once
+  EXPECT_TRUE(f.store->agent_gone("a"));
+}
+
 TEST(JobStore, HumansAreNeverGated) {
   Fixture f;
   f.store->agent_connected(AgentRef{"a", ""});
