@@ -33,6 +33,10 @@ struct HttpClient::Conn {
   tls::Stream stream;  // TCP, TLS over TCP, or a Unix socket
   beast::flat_buffer buffer;
   bool connected = false;
+  // The token its requests carry, chosen (send_token) as it was opened: a kept-alive connection
+  // goes on to the server that was checked, so the owner's kgate's listener is looked up once
+  // per connection, not per request (/proc/net/tcp costs milliseconds on a busy machine).
+  std::string token;
 };
 
 HttpClient::HttpClient(Endpoint ep) : ep_(std::move(ep)) { tls_ = tls::client_context(ep_, tls_error_); }
@@ -61,8 +65,6 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
   http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
   req.set(http::field::host, ep_.host_header());
   req.set(http::field::user_agent, user_agent());
-  if (const std::string token = send_token(ep_); !token.empty())
-    req.set(http::field::authorization, "token " + token);
   if (body) {
     req.set(http::field::content_type, "application/json");
     req.body() = body->dump();
@@ -73,6 +75,9 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto c = take();
     bool reused = c->connected;
+    if (!reused) c->token = send_token(ep_);
+    if (!c->token.empty()) req.set(http::field::authorization, "token " + c->token);
+    else req.erase(http::field::authorization);
     http::response_parser<http::string_body> parser;
     parser.body_limit(kMaxResponseBytes);
     c->ioc.restart();

@@ -17,8 +17,8 @@ struct Endpoint {
   std::string base;     // the base path, ends with '/'
   std::string token;
   // No token of its own, but the owner's kgate's may go to it (the default gateway on loopback):
-  // send_token() looks for it at each request, so a kgate started later is found, and a port
-  // another user has taken since gets nothing.
+  // send_token() looks for it at each connection, so a kgate started later is found, and a
+  // port another user has taken since gets nothing.
   bool local_token = false;
   bool verify = true;   // https: check the certificate and the host name
   std::string ca_file;  // https: trust this PEM bundle instead of the system store ("" = system)

@@ -57,7 +57,8 @@ bool loopback_listener_is_ours(const std::string& port);
 
 // The token a request to `ep` carries: its own, else (Endpoint::local_token) the token the
 // owner's kgate keeps in its default state dir (read_local_token), when every listener on the
-// endpoint's port is this user's; else "".  Read at each call: a file and /proc/net/tcp.
+// endpoint's port is this user's; else "".  Read at each call: a file and /proc/net/tcp (a few
+// ms with thousands of sockets), so callers ask once per connection they open.
 std::string send_token(const Endpoint& ep);
 
 }  // namespace kgate::client
