@@ -27,12 +27,16 @@ def culling_config(tmp_path, name, **culling):
     return cfg
 
 
-def start_kernels(kg, bodies):
-    """POST /api/kernels for each body at once (kernels start in parallel); ids in order."""
+def start_kernels(kg, bodies, pids=None):
+    """POST /api/kernels for each body at once (kernels start in parallel); ids in order. With
+    `pids` (a dict), each kernel's pid is put there as soon as it started: a kernel that is
+    ready first may be culled while the others still start."""
     out = [None] * len(bodies)
 
     def one(i, body):
         out[i] = kg.start_kernel(body)["id"]
+        if pids is not None:
+            pids[out[i]] = kg.kernel_pid(out[i])
 
     threads = [threading.Thread(target=one, args=(i, b)) for i, b in enumerate(bodies)]
     for t in threads:
@@ -58,31 +62,34 @@ def test_culling_defaults(kgate_factory, tmp_path):
     with a websocket client or a busy one stays, and so does one created with a timeout of 0."""
     cfg = culling_config(tmp_path, "a.toml", cull_idle_timeout=2, cull_interval=1)
     kg = kgate_factory(config=cfg)
-    idle, connected, busy, never = start_kernels(
-        kg, [{"name": "python3"}, {"name": "python3"}, {"name": "python3"},
-             {"name": "python3", "kgate_cull_idle_timeout": 0}])
-    pids = {kid: kg.kernel_pid(kid) for kid in (idle, connected, busy)}
-
-    # The jupyter model is unchanged; the kgate one says how long until a cull.
-    status, _, model = kg.rest("GET", f"/api/kernels/{idle}")
-    assert status == 200 and "idle_seconds" not in model and "cull_after_seconds" not in model, model
-    ext = kgate_kernel(kg, idle)
-    assert ext["cull_after_seconds"] == 2, ext
-    assert isinstance(ext["idle_seconds"], (int, float)) and ext["idle_seconds"] >= 0, ext
-    assert ext["age_seconds"] >= ext["idle_seconds"], ext
-    assert ext["connections"] == 0, ext
-    assert kgate_kernel(kg, never)["cull_after_seconds"] is None
-
+    # Each kernel gets what keeps it (a client, a running cell) as soon as it started: a start
+    # takes seconds on a loaded machine, longer than the 2 s timeout.
+    pids = {}
+    (connected,) = start_kernels(kg, [{"name": "python3"}], pids)
     ws = kg.connect(connected)
     try:
         ws.run("y = 2")
-        ws_job = wait_until(lambda: [j for j in digest(kg, connected, "t")["jobs"]
-                                     if j["status"] == "ok"], 10)
-        assert ws_job, digest(kg, connected, "t")
-        job_idle = agent_run(kg, idle, "x = 1", agent="culling-a")["job"]
+        (busy,) = start_kernels(kg, [{"name": "python3"}], pids)
         status, rec = agent_execute(kg, busy, "import time\ntime.sleep(12)", agent="culling-b")
         assert status == 200, rec
         job_busy = rec["job"]
+        (never,) = start_kernels(kg, [{"name": "python3", "kgate_cull_idle_timeout": 0}])
+        (idle,) = start_kernels(kg, [{"name": "python3"}], pids)
+        job_idle = agent_run(kg, idle, "x = 1", agent="culling-a")["job"]
+
+        # The jupyter model is unchanged; the kgate one says how long until a cull.
+        status, _, model = kg.rest("GET", f"/api/kernels/{idle}")
+        assert status == 200 and "idle_seconds" not in model and "cull_after_seconds" not in model, model
+        ext = kgate_kernel(kg, idle)
+        assert ext["cull_after_seconds"] == 2, ext
+        assert isinstance(ext["idle_seconds"], (int, float)) and ext["idle_seconds"] >= 0, ext
+        assert ext["age_seconds"] >= ext["idle_seconds"], ext
+        assert ext["connections"] == 0, ext
+        assert kgate_kernel(kg, never)["cull_after_seconds"] is None
+
+        ws_job = wait_until(lambda: [j for j in digest(kg, connected, "t")["jobs"]
+                                     if j["status"] == "ok"], 10)
+        assert ws_job, digest(kg, connected, "t")
         wait_began(kg, job_busy)
 
         assert wait_until(lambda: gone(kg, idle), CULL_WAIT), f"idle kernel not culled\n{kg.log_tail(30)}"

@@ -146,8 +146,13 @@ def test_sessions_outlive_kgate_with_their_kernels(kgate_factory, kgate_bin):
     kg = kgate_factory()
     kept, _ = create(kg, {"path": "kept.ipynb", "name": "kept", "type": "notebook"})
     lost, _ = create(kg, {"path": "lost.ipynb", "type": "console"})
-    stored = json.loads((kg.root / "state" / "kgate" / "sessions.json").read_text())
-    assert {x["id"] for x in stored["sessions"]} == {kept["id"], lost["id"]}, stored
+    # Written on the store's writer thread, a moment after the answer.
+    def stored_ids():
+        try:
+            return {x["id"] for x in json.loads((kg.root / "state" / "kgate" / "sessions.json").read_text())["sessions"]}
+        except (OSError, ValueError):
+            return set()
+    assert wait_until(lambda: stored_ids() == {kept["id"], lost["id"]}, 5), stored_ids()
     assert oct(os.stat(kg.root / "state" / "kgate" / "sessions.json").st_mode & 0o777) == "0o600"
     # The lost session's kernel ends, and kgate stops before anyone reads the sessions again:
     # the file still names it, and the next kgate drops it.
