@@ -137,7 +137,8 @@ def test_a_session_ends_with_its_kernel(kgate):
     assert sessions(kg) == []
     status, _, _ = kg.rest("GET", f"/api/sessions/{s['id']}")
     assert status == 404
-    assert any("its kernel" in line and s["id"] in line for line in kg.log_lines), kg.log_tail(10)
+    assert wait_until(lambda: any("its kernel" in line and s["id"] in line for line in kg.log_lines), 5), \
+        kg.log_tail(10)
 
 
 def test_sessions_outlive_kgate_with_their_kernels(kgate_factory, kgate_bin):
