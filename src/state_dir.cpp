@@ -13,8 +13,6 @@
 #include <string>
 #include <utility>
 
-#include <openssl/rand.h>
-
 #include "kgate/connection.hpp"
 #include "kgate/wire.hpp"
 
@@ -139,10 +137,9 @@ int read_first_line(const fs::path& file, std::string& line, struct stat& st) {
     ::close(fd);
     return EINVAL;
   }
-  bool ok = true;
   std::string text;
   char buf[256];
-  while (ok && text.size() < 4096) {
+  while (text.size() < 4096) {
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -170,14 +167,7 @@ std::string StateDir::token(bool* created) const {
     return line;
   }
   if (err != ENOENT) fail(dir_, std::string("cannot read ") + kTokenFile + ": " + errno_text(err));
-  unsigned char bytes[kTokenBytes];
-  if (RAND_bytes(bytes, int(sizeof bytes)) != 1) fail(dir_, "OpenSSL RAND_bytes failed");
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string tok;
-  for (unsigned char b : bytes) {
-    tok.push_back(kHex[b >> 4]);
-    tok.push_back(kHex[b & 0x0f]);
-  }
+  const std::string tok = random_hex(kTokenBytes);
   write_file_atomically(file, tok + "\n");
   if (created) *created = true;
   return tok;
