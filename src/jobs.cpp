@@ -627,6 +627,9 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         changed_locked();
         dirty_locked(done);
       }
+    } else if (m.synthesized && str_value(content, "ename") == "GatewayStopping") {
+      // kgate stops and leaves the kernel running: the cell or task goes on, and the next kgate
+      // ends its record (the gap) or goes on with it (a task).
     } else {
       std::string status = str_value(content, "status");
       j->reply_status = status;

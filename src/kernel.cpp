@@ -2437,7 +2437,9 @@ std::size_t KernelManager::detach_all() {
       const std::string id = k.kernel->id();
       m.save_entry(k, /*with_activity=*/true);  // the next kgate's cull clock goes on from it
       m.close_sockets(k);
-      m.fail_pending(k, "KernelShutdown", "kgate is stopping; the kernel goes on, for the next kgate");
+      // Its own name: the records keep what runs as running, for the next kgate to end or go on
+      // with (JobStore::on_kernel_message); a shutdown's KernelShutdown ends them kernel_lost.
+      m.fail_pending(k, "GatewayStopping", "kgate is stopping; the kernel goes on, for the next kgate");
       {
         std::lock_guard lk(m.kmu);
         m.kernels.erase(id);

@@ -621,7 +621,8 @@ def test_a_task_outlives_its_kgate(kgate_bin, tmp_path_factory):
         assert wait_until(lambda: kg2.rest("GET", f"/api/kernels/{kid}")[0] == 200 and
                           kg2.kernel_model(kid)["execution_state"] == "idle", 30), kg2.log_tail(30)
         rec = wait_job_end(kg2, short, timeout=10)
-        assert rec["status"] == "end_not_recorded" and "while kgate was away" in rec["note"], rec
+        assert rec["status"] == "end_not_recorded" and "while kgate was away" in rec["note"], \
+            (rec["status"], rec["note"], kg2.log_tail(40))
         assert agent_run(kg2, kid, "print('free')", "agent-a")["output"] == "free\n"
     finally:
         for k in (kg2, kg):
