@@ -102,6 +102,10 @@ struct Replier {
 };
 Replier replier(const Request& req, Respond respond);
 
+// Interrupts `job`, as its `agent`, because its input() waited past its input_timeout
+// (JobStore::sweep noted why); the outcome is logged.  On the Asio thread (jobs_api.cpp).
+void interrupt_unanswered(Server& server, const std::string& job, const std::string& agent);
+
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);
 // DELETE / interrupt / restart of a kernel; replies like jupyter_server.  `gated`: the caller

@@ -299,6 +299,14 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
     if (!it->is_boolean()) err = "\"allow_stdin\" must be true or false";
     else allow_stdin = it->get<bool>();
   }
+  // How long an input() may wait for its answer before kgate interrupts the cell (kgate-mcp
+  // sets it when its client answers by a retry that may never come: MCP 2026-07-28's MRTR).
+  std::chrono::milliseconds input_timeout{0};
+  if (auto it = body.j.find("input_timeout"); it != body.j.end()) {
+    if (!it->is_number() || !(it->get<double>() > 0) || it->get<double>() > 7 * 24 * 3600.0)
+      err = "\"input_timeout\" must be a number of seconds, more than 0 and at most a week";
+    else input_timeout = std::chrono::milliseconds(static_cast<long long>(std::ceil(it->get<double>() * 1000)));
+  }
   // A background task (DEV.md §14): the code runs on a worker thread of the kernel, as its own
   // job that no cell ends; execute is refused while it runs.
   bool background = false;
@@ -344,7 +352,7 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
   const std::string wire = background ? kernel_side_task_code(*code) : std::string();
   auto out = server.jobs().submit(id, a, std::move(*code), origin,
                                   [&server, &id](ClientMessage m) { server.manager().send(id, std::move(m)); },
-                                  allow_stdin, wire);
+                                  allow_stdin, wire, input_timeout);
   if (!out) return r.error(refusal_status(out.refusal), out.message, refusal_extra(out));
   respond_job_when_done(server, out.job, *wait, r, digest);
 }
@@ -428,6 +436,32 @@ void post_interrupt(Server& server, const Request& req, const std::string& job, 
     });
   });
 }
+
+}  // namespace
+
+void interrupt_unanswered(Server& server, const std::string& job, const std::string& agent) {
+  Request shape;
+  shape.version(11);
+  Replier r = replier(shape, [job](Response res) {
+    if (res.result() == http::status::ok) spdlog::info("{}: its input() had no answer in time; interrupted", job);
+    else spdlog::warn("{}: its input() had no answer in time, and it could not be interrupted: {}", job, res.body());
+  });
+  auto rec = server.jobs().job(job);
+  if (!rec) return;
+  const AgentRef a{agent, ""};
+  auto kernel = server.manager().get(rec->kernel);
+  if (kernel && kernel_side_has(kernel->kernel_side(), "stop")) return interrupt_in_kernel(server, job, rec->kernel, a, r);
+  server.manager().with_interrupt(rec->kernel, [&server, job, a, r](const std::function<bool()>* interrupt) {
+    if (!interrupt) return;
+    Outcome out = server.jobs().interrupt(job, &a, [&](const std::string&) { return (*interrupt)(); });
+    net::post(server.ioc(), [out, r] {
+      if (!out) return r.error(refusal_status(out.refusal), out.message);
+      r.ok({{"interrupted", out.job}});
+    });
+  });
+}
+
+namespace {
 
 void post_restart(Server& server, const Request& req, const std::string& id, Respond respond) {
   auto r = replier(req, std::move(respond));

@@ -189,7 +189,7 @@ void Server::on_signal(beast::error_code ec, int sig) {
 }
 
 void Server::sweep_jobs() {
-  jobs_.sweep();
+  for (const auto& [job, agent] : jobs_.sweep()) interrupt_unanswered(*this, job, agent);
   stop_orphaned_auto_kernels();
   sweep_timer_.expires_after(std::chrono::seconds(1));
   sweep_timer_.async_wait([this](beast::error_code ec) {

@@ -516,6 +516,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         in.password = pw != content.end() && pw->is_boolean() && pw->get<bool>();
       }
       in.header = m.wire.header;
+      if (j->input_timeout.count() > 0) in.deadline = Clock::now() + j->input_timeout;
       j->input = std::move(in);
       changed_locked();
     }
@@ -869,8 +870,15 @@ void JobStore::enforce_locked() {
   }
 }
 
-void JobStore::sweep() {
-  if (!limits_.enabled) return;
+// "1 second", "300 seconds": rounded up.
+static std::string seconds_text(double s) {
+  long n = std::max(1L, std::lround(std::ceil(s)));
+  return std::to_string(n) + (n == 1 ? " second" : " seconds");
+}
+
+std::vector<std::pair<std::string, std::string>> JobStore::sweep() {
+  std::vector<std::pair<std::string, std::string>> unanswered;
+  if (!limits_.enabled) return unanswered;
   {
     std::lock_guard lk(mu_);
     auto now = Clock::now();
@@ -889,6 +897,13 @@ void JobStore::sweep() {
       } else if (j.running() && j.gap_end_at && now >= *j.gap_end_at) {
         end_locked(j, JobStatus::end_not_recorded,
                    "It ended while kgate was away: its status and its last output were not heard.");
+      } else if (j.running() && j.input && j.input->deadline && now >= *j.input->deadline) {
+        // Nobody answered its input() (an MCP client that never retried): the caller interrupts it.
+        j.input->deadline.reset();
+        j.stop_note = "Its input() had no answer within " + seconds_text(std::chrono::duration<double>(j.input_timeout).count()) +
+                      " (input_timeout), so kgate interrupted it.";
+        unanswered.emplace_back(j.id(), j.agent);
+        changed_locked();
       } else if (j.running() && log_ && j.output.total() != j.logged_total &&
                  now - j.logged_at >= kRunningLogEvery) {
         dirty_locked(j);  // a running job's output so far, for a kgate that is killed under it
@@ -897,6 +912,7 @@ void JobStore::sweep() {
     if (changed_ && jobs_.size() > limits_.max_jobs) enforce_locked();
   }
   notify();
+  return unanswered;
 }
 
 void JobStore::notify() {
@@ -940,10 +956,6 @@ static std::string holder_text(const ClaimView& h) {
 }
 
 // Why a live holder still counts, in words: connected, or within its grace (with when it lapses).
-static std::string seconds_text(double s) {
-  long n = std::max(1L, std::lround(std::ceil(s)));
-  return std::to_string(n) + (n == 1 ? " second" : " seconds");
-}
 static std::string grace_text(const ClaimView& h) {
   return std::string(h.ever_connected ? "its connection to kgate dropped " : "it has no connection to kgate and made its last request ") +
          seconds_text(h.idle_seconds) + " ago; its claim lapses in " + seconds_text(h.lapses_in) +
@@ -952,7 +964,7 @@ static std::string grace_text(const ClaimView& h) {
 
 Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::string code,
                          JobOrigin origin, const std::function<void(ClientMessage)>& send, bool allow_stdin,
-                         const std::string& wire_code) {
+                         const std::string& wire_code, std::chrono::milliseconds input_timeout) {
   Outcome out;
   make_valid_utf8(code);  // it is recorded and sent as JSON (from HTTP it is valid already)
   if (!limits_.enabled) {
@@ -1021,6 +1033,7 @@ Outcome JobStore::submit(const std::string& kernel, const AgentRef& agent, std::
     Job& j = create_locked(kernel, origin, msg_id, code);
     j.agent = valid_utf8(agent.agent);  // an agent's id and label may come from a URL's query
     j.label = valid_utf8(pk.claim->label);
+    if (allow_stdin) j.input_timeout = input_timeout;
     out.job = j.id();
     ClientMessage cm;
     cm.channel = Channel::shell;

@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kgate/kernel.hpp"
@@ -106,8 +107,13 @@ struct Job {
     std::string prompt;
     bool password = false;
     std::string header;  // the input_request's header: the input_reply's parent
+    // Past this, kgate interrupts the cell (sweep): the job's input_timeout after the request.
+    std::optional<std::chrono::steady_clock::time_point> deadline;
   };
   std::optional<PendingInput> input;
+  // How long an input() may wait for its answer before kgate interrupts the cell (execute's
+  // input_timeout; zero: as long as the cell runs).
+  std::chrono::milliseconds input_timeout{0};
   // A background task (DEV.md §14): its starting cell's request announced it (task_start), so
   // its end is the task's (task_end), never the starting cell's idle, and no cell ends it.
   bool task = false;
@@ -223,7 +229,7 @@ class JobStore final : public KernelObserver {
   // starting cell); "" = `code`.
   Outcome submit(const std::string& kernel, const AgentRef& agent, std::string code, JobOrigin origin,
                  const std::function<void(ClientMessage)>& send, bool allow_stdin = false,
-                 const std::string& wire_code = "");
+                 const std::string& wire_code = "", std::chrono::milliseconds input_timeout = {});
   // Answers the input() that `job` (an agent's cell run with allow_stdin) waits on: `send` gets
   // the input_reply (stdin channel), under the lock. Refused: no such job, it is not running or
   // asks for nothing, or `agent` is not the job's.
@@ -278,7 +284,9 @@ class JobStore final : public KernelObserver {
   // Called (on whichever thread changed the store, outside the lock) when version() changed.
   void set_on_change(std::function<void()> fn) { on_change_ = std::move(fn); }
   // Ends cells whose execute_reply came reply_grace ago without their idle.  Call periodically.
-  void sweep();
+  // Returns the jobs (id, agent) whose input() waited past their input_timeout: each is noted
+  // so in its record, and the caller interrupts it as its agent.
+  std::vector<std::pair<std::string, std::string>> sweep();
 
   std::size_t bytes() const;  // what the records hold (for the budget)
   JobStats stats() const;

@@ -275,7 +275,13 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
   try {
     try {
       ToolReply reply = handler.call(call);
-      if (!reply.content.is_array()) {
+      if (reply.input_requests && era.modern) {
+        json result = {{"inputRequests", std::move(*reply.input_requests)}};
+        if (!reply.request_state.empty()) result["requestState"] = std::move(reply.request_state);
+        result = complete(std::move(result), era);
+        result["resultType"] = "input_required";
+        msg = make_result(call.id, std::move(result));
+      } else if (!reply.content.is_array()) {
         log().error("tools/call {} (id {}): the tool returned content that is not an array", call.tool,
                     call.id.dump());
         msg = make_error(call.id, rpc_error::kInternalError, "Internal error: the tool returned malformed content");
@@ -749,6 +755,26 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
     }
   }
 
+  // A retry of a call that was answered input_required (MRTR, modern era only).
+  json input_responses;
+  std::string request_state;
+  if (era.modern) {
+    if (const auto r = params.find("inputResponses"); r != params.end() && !r->is_null()) {
+      if (!r->is_object()) {
+        send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"inputResponses\" must be an object"));
+        return;
+      }
+      input_responses = *r;
+    }
+    if (const auto s = params.find("requestState"); s != params.end() && !s->is_null()) {
+      if (!s->is_string()) {
+        send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"requestState\" must be a string"));
+        return;
+      }
+      request_state = s->get<std::string>();
+    }
+  }
+
   auto st = std::make_shared<CallState>();
   st->out = out;
   st->task = task;
@@ -771,6 +797,8 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   call.progress_token = std::move(token);
   call.protocol_version = era.version;
   call.modern = era.modern;
+  call.input_responses = std::move(input_responses);
+  call.request_state = std::move(request_state);
   st->progress_interval = opts.progress_interval;
   call.progress = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
                       double progress, std::optional<double> total, const std::string& message) {

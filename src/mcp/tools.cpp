@@ -12,7 +12,9 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/connection.hpp"
+#include "kgate/mcp/images.hpp"
 #include "kgate/mcp/render.hpp"
+#include "kgate/wire.hpp"
 #include "install_inspectors_py.hpp"
 #include "startup_wrapper_py.hpp"
 
@@ -36,6 +38,60 @@ constexpr double kBackgroundWait = 1;   // execute(background): how long the rep
 constexpr int kMaxVerifyCells = 200;     // verify: cells per call (the inputSchema's maxItems)
 constexpr double kDefaultVerifyTimeout = 120;  // verify: seconds per cell
 constexpr std::size_t kVerifyLines = 5, kVerifyLineBytes = 300;  // verify: output shown per cell
+// MCP 2026-07-28 (MRTR): an input() is answered by the client's retry of the call. The cell
+// waits this long for it (kgate interrupts it then: execute's input_timeout), and the retry's
+// requestState is honoured as long.
+constexpr double kInputRetryTimeout = 600;
+
+// The requestState of an execute answered input_required: what the retry resumes (its job, its
+// kernel, the agent, the code's digest, the input request's key, an expiry), in JSON, signed
+// with a key of this process's, so a client can neither forge nor alter it.
+const std::string& state_key() {
+  static const std::string key = random_hex(32);
+  return key;
+}
+std::string keyed_digest(const std::string& text) { return Signer(state_key()).sign(text, "", "", ""); }
+std::string seal_state(const json& payload) {
+  const std::string text = payload.dump();
+  return base64_encode(text) + "." + keyed_digest(text);
+}
+std::optional<json> open_state(const std::string& state, std::string& why) {
+  const auto dot = state.rfind('.');
+  std::optional<std::string> text;
+  if (dot != std::string::npos) text = base64_decode(std::string_view(state).substr(0, dot));
+  if (!text || !Signer(state_key()).verify(std::string_view(state).substr(dot + 1), *text, "", "", "")) {
+    why = "it was not made by this server (or this server restarted since)";
+    return std::nullopt;
+  }
+  json p = json::parse(*text, nullptr, false);
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  if (!p.is_object() || !p["exp"].is_number_integer() || p["exp"].get<long long>() < now) {
+    why = "it expired (a cell waits " + std::to_string(static_cast<int>(kInputRetryTimeout)) + " s for its input)";
+    return std::nullopt;
+  }
+  return p;
+}
+// getpass() is never asked of the user through the client.
+constexpr const char* kSecretNote =
+    "NOTE: the cell's getpass() was not answered and the cell was interrupted: MCP does not allow asking the user "
+    "for secrets. Have the code read them from the environment (os.environ) instead.";
+// Whether the client can show a form: elicitation declared, with form mode (an empty object
+// means form).
+bool elicits_forms(const json& caps) {
+  auto e = caps.find("elicitation");
+  return e != caps.end() && e->is_object() && (e->empty() || e->contains("form"));
+}
+// The form that asks for a cell's input(): an elicitation/create's params.
+json input_form(const std::string& prompt) {
+  const std::string title = prompt.empty() ? std::string("input") : prompt.substr(0, 200);
+  return {{"message", "The running cell asks for input" + (prompt.empty() ? std::string(".") : ": " + prompt)},
+          {"requestedSchema",
+           {{"type", "object"},
+            {"properties", {{"value", {{"type", "string"}, {"title", title},
+                                       {"description", "What input() returns to the cell"}}}}},
+            {"required", json::array({"value"})}}}};
+}
 
 json text_block(const std::string& s) { return {{"type", "text"}, {"text", s}}; }
 ToolReply text_reply(const std::string& s, bool is_error = false) {
@@ -565,7 +621,8 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
 
 json Translator::run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                           std::string& job, bool& still_running, std::string& refusal,
-                          std::vector<CellOutput>* direct, const std::string& job_label, bool background) {
+                          std::vector<CellOutput>* direct, const std::string& job_label, bool background,
+                          const json* resume) {
   still_running = false;
   auto start = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -606,35 +663,70 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     return json{{"status", still_running ? "running" : got.reply.value("status", "ok")}};
   }
   // input() in an agent's cell: asked of the user through the client (MCP elicitation), when
-  // the client can be asked; else the cell's input() raises, and the reply says why.
+  // the client can be asked; else the cell's input() raises, and the reply says why. The modern
+  // era asks by answering the call input_required (MRTR): the client's retry carries the answer.
   const bool can_ask = call && !host && call->ask_client && call->client_capabilities.contains("elicitation");
-  json body = {{"code", code}, {"agent", agent_}, {"label", job_label.empty() ? label() : job_label},
-               {"wait", std::min(timeout, kSlice)},
-               {"origin", host ? "host" : "mcp"}, {"digest", true}, {"allow_stdin", can_ask && !background}};
-  if (background) body["background"] = true;
-  auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
-  json rec = r.json_body();
-  if (r.status != 200) {
-    if (r.status == 0) refusal = "the gateway did not answer: " + r.error;
-    else refusal = r.message();
-    if (r.status == 404) refusal = "kernel " + t.cur.kernel + " is gone (stopped, or the gateway restarted). " +
-                                   "connect to create or attach to another.";
-    std::string why = rec.is_object() ? rec.value("refusal", "") : "";
-    if (why == "dead")
-      refusal = "NOTE: the kernel process died (" + rec.value("message", "") + "). restart it, or connect to another.";
-    else if (why == "busy" && rec["running_job"].is_string())
-      refusal = sentence(refusal) + " Wait for it with poll_job('" + rec["running_job"].get<std::string>() + "').";
-    else if (why == "claimed" && rec["holder"].is_object() && rec["holder"].value("connected", true))
-      refusal = sentence(refusal) + " Tell the user what you wanted to do and let them decide.";
-    return rec;
-  }
-  job = rec.value("job", "");
-  if (call) {
-    std::lock_guard lk(calls_mu_);
-    call_jobs_[call] = job;
-  }
+  const bool can_retry = call && !host && !background && call->modern && elicits_forms(call->client_capabilities);
   std::string input_notes;
   bool gave_up = false;
+  json rec;
+  if (resume) {
+    // The retry of a call answered input_required: the same cell goes on, with its answer.
+    job = (*resume)["job"].get<std::string>();
+    if (call) {
+      std::lock_guard lk(calls_mu_);
+      call_jobs_[call] = job;
+    }
+    auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=0", 30s);
+    if (p.status != 200) {
+      refusal = p.status == 404 ? job + " is no longer recorded (evicted, or its kernel was shut down)."
+                                : "cannot read " + job + ": " + p.message();
+      return json();
+    }
+    rec = p.json_body();
+    const std::string key = (*resume)["key"].get<std::string>();
+    const json* answer = call && call->input_responses.is_object() && call->input_responses.contains(key)
+                             ? &call->input_responses[key] : nullptr;
+    if (answer && running(rec) && rec.contains("input_request")) {
+      std::string note = give_answer(t, job, *answer);
+      if (!note.empty()) {
+        gave_up = true;
+        input_notes = note;
+      }
+      // Its input_request is gone now: read again, so the loop does not ask it once more.
+      p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=0", 30s);
+      if (p.status == 200) rec = p.json_body();
+    }
+    // No answer for it: the loop below asks again (MRTR: a missing answer is asked for again).
+  } else {
+    json body = {{"code", code}, {"agent", agent_}, {"label", job_label.empty() ? label() : job_label},
+                 {"wait", std::min(timeout, kSlice)},
+                 {"origin", host ? "host" : "mcp"}, {"digest", true},
+                 {"allow_stdin", (can_ask || can_retry) && !background}};
+    if (can_retry && !can_ask) body["input_timeout"] = kInputRetryTimeout;
+    if (background) body["background"] = true;
+    auto r = t.http->post("api/kgate/kernels/" + t.cur.kernel + "/execute", body, 30s);
+    rec = r.json_body();
+    if (r.status != 200) {
+      if (r.status == 0) refusal = "the gateway did not answer: " + r.error;
+      else refusal = r.message();
+      if (r.status == 404) refusal = "kernel " + t.cur.kernel + " is gone (stopped, or the gateway restarted). " +
+                                     "connect to create or attach to another.";
+      std::string why = rec.is_object() ? rec.value("refusal", "") : "";
+      if (why == "dead")
+        refusal = "NOTE: the kernel process died (" + rec.value("message", "") + "). restart it, or connect to another.";
+      else if (why == "busy" && rec["running_job"].is_string())
+        refusal = sentence(refusal) + " Wait for it with poll_job('" + rec["running_job"].get<std::string>() + "').";
+      else if (why == "claimed" && rec["holder"].is_object() && rec["holder"].value("connected", true))
+        refusal = sentence(refusal) + " Tell the user what you wanted to do and let them decide.";
+      return rec;
+    }
+    job = rec.value("job", "");
+    if (call) {
+      std::lock_guard lk(calls_mu_);
+      call_jobs_[call] = job;
+    }
+  }
   while (running(rec)) {
     double left = timeout - elapsed();
     if (left <= 0) break;
@@ -647,6 +739,16 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
         gave_up = true;
         input_notes += (input_notes.empty() ? "" : "\n") + note;
       }
+    }
+    if (can_retry && !gave_up && rec.contains("input_request") && rec["input_request"].is_object()) {
+      if (!rec["input_request"].value("password", false)) {
+        // Answered input_required (execute builds it); the retry goes on from here.
+        rec["kgate_mcp_input_required"] = rec["input_request"];
+        still_running = true;
+        return rec;
+      }
+      gave_up = true;
+      input_notes += (input_notes.empty() ? "" : "\n") + stop_for_input(t, job, kSecretNote);
     }
     if (call && call->progress) call->progress(elapsed(), timeout, job + " running");
     // A declined input() keeps its input_request, which answers the wait at once, until the
@@ -673,48 +775,44 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   return rec;
 }
 
-std::string Translator::answer_input(const Target& t, const std::string& job, const json& request, Call& c,
-                                     double left) {
-  const std::string prompt = request.value("prompt", "");
-  auto stop = [&](const std::string& why) {
-    t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
-    spdlog::info("{}: its input() was not answered, so it was interrupted", job);
-    return why;
-  };
-  if (request.value("password", false))
-    return stop("NOTE: the cell's getpass() was not answered and the cell was interrupted: MCP does not allow "
-                "asking the user for secrets. Have the code read them from the environment (os.environ) instead.");
-  const std::string title = prompt.empty() ? std::string("input") : prompt.substr(0, 200);
-  json params = {{"message", "The running cell asks for input" + (prompt.empty() ? std::string(".") : ": " + prompt)},
-                 {"requestedSchema",
-                  {{"type", "object"},
-                   {"properties", {{"value", {{"type", "string"}, {"title", title},
-                                              {"description", "What input() returns to the cell"}}}}},
-                   {"required", json::array({"value"})}}}};
-  auto resp = c.ask_client("elicitation/create", params,
-                           std::chrono::milliseconds(static_cast<long long>(std::max(1.0, left) * 1000)));
-  if (!resp) {
-    if (c.cancelled) return stop("");
-    return stop("NOTE: the cell's input() got no answer within the call's timeout, so the cell was interrupted.");
-  }
-  if (resp->contains("error"))
-    return stop("NOTE: asking the user for the cell's input() failed (" +
-                (*resp)["error"].value("message", std::string("an error")) + "), so the cell was interrupted.");
-  const json& result = (*resp)["result"];
+std::string Translator::stop_for_input(const Target& t, const std::string& job, const std::string& why) {
+  t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}});
+  spdlog::info("{}: its input() was not answered, so it was interrupted", job);
+  return why;
+}
+
+std::string Translator::give_answer(const Target& t, const std::string& job, const json& result) {
   const std::string action = result.is_object() ? result.value("action", "") : "";
   if (action == "accept") {
     const json content = result.value("content", json::object());
-    auto v = content.find("value");
-    std::string value = v != content.end() && v->is_string() ? v->get<std::string>()
-                        : v != content.end() && !v->is_null() ? v->dump()
-                                                              : "";
+    auto v = content.is_object() ? content.find("value") : content.end();
+    std::string value = content.is_object() && v != content.end() && v->is_string() ? v->get<std::string>()
+                        : content.is_object() && v != content.end() && !v->is_null() ? v->dump()
+                                                                                      : "";
     auto r = t.http->post("api/kgate/jobs/" + job + "/input", json{{"value", value}, {"agent", agent_}}, 30s);
     if (r.status == 200) return "";
-    return stop("NOTE: the user's answer to input() could not be given to the cell (" + r.message() +
-                "), so the cell was interrupted.");
+    return stop_for_input(t, job, "NOTE: the user's answer to input() could not be given to the cell (" + r.message() +
+                                      "), so the cell was interrupted.");
   }
-  return stop(std::string("NOTE: the user ") + (action == "decline" ? "declined" : "cancelled") +
-              " the cell's input() prompt, so the cell was interrupted.");
+  return stop_for_input(t, job, std::string("NOTE: the user ") + (action == "decline" ? "declined" : "cancelled") +
+                                    " the cell's input() prompt, so the cell was interrupted.");
+}
+
+std::string Translator::answer_input(const Target& t, const std::string& job, const json& request, Call& c,
+                                     double left) {
+  if (request.value("password", false)) return stop_for_input(t, job, kSecretNote);
+  auto resp = c.ask_client("elicitation/create", input_form(request.value("prompt", "")),
+                           std::chrono::milliseconds(static_cast<long long>(std::max(1.0, left) * 1000)));
+  if (!resp) {
+    if (c.cancelled) return stop_for_input(t, job, "");
+    return stop_for_input(t, job, "NOTE: the cell's input() got no answer within the call's timeout, so the cell was "
+                                  "interrupted.");
+  }
+  if (resp->contains("error"))
+    return stop_for_input(t, job, "NOTE: asking the user for the cell's input() failed (" +
+                                      (*resp)["error"].value("message", std::string("an error")) +
+                                      "), so the cell was interrupted.");
+  return give_answer(t, job, (*resp)["result"]);
 }
 
 std::string Translator::foreign_note(const Target& t, std::vector<std::string>& to_ack, const json& rec) {
@@ -1022,7 +1120,25 @@ ToolReply Translator::execute(Call& c) {
   std::string banner;
   std::optional<Target> t;
   std::string error;
-  {
+  // The retry of a call answered input_required (MRTR): its requestState names the cell that
+  // waits, which goes on; nothing runs again.
+  std::optional<json> resume;
+  json args = c.arguments;
+  if (!c.request_state.empty()) {
+    std::string why;
+    resume = open_state(c.request_state, why);
+    if (resume && ((*resume)["tool"] != "execute" || (*resume)["code"] != keyed_digest(code) ||
+                   !(*resume)["job"].is_string() || !(*resume)["kernel"].is_string() || !(*resume)["key"].is_string()))
+      resume.reset(), why = "it was made for another call (a different tool or code)";
+    if (resume && (*resume)["agent"] != agent_) {
+      if (!hosting_.stateless) resume.reset(), why = "it was made for another conversation";
+      else agent_ = (*resume)["agent"].get<std::string>();  // this translator serves this request alone
+    }
+    if (!resume)
+      return text_reply("Invalid requestState: " + why + ". Nothing ran. Run the cell again if it is still needed.", true);
+    args["kernel"] = (*resume)["kernel"];
+  }
+  if (!resume) {
     std::lock_guard create(create_mu_);  // parallel first calls must not each create a kernel
     bool have;
     {
@@ -1043,9 +1159,9 @@ ToolReply Translator::execute(Call& c) {
       banner += "\n";
     }
   }
-  t = target(c.arguments, error);
+  t = target(args, error);
   if (!t) return text_reply(error, true);
-  if (t->cur.setup_pending && !finish_pending_setup(*t, error)) return text_reply(error, true);
+  if (!resume && t->cur.setup_pending && !finish_pending_setup(*t, error)) return text_reply(error, true);
   {
     std::lock_guard lk(calls_mu_);
     call_targets_[&c] = *t;
@@ -1054,11 +1170,26 @@ ToolReply Translator::execute(Call& c) {
   bool still = false;
   std::vector<CellOutput> direct;
   const bool watched = t->cur.kgate && channel_.is_open() && channel_.kernel() == t->cur.kernel;
-  json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct, "", background);
+  json rec = run_cell(*t, code, timeout, false, &c, job, still, refusal, &direct, "", background,
+                      resume ? &*resume : nullptr);
   {
     std::lock_guard lk(calls_mu_);
     call_jobs_.erase(&c);
     call_targets_.erase(&c);
+  }
+  if (rec.is_object() && rec.contains("kgate_mcp_input_required")) {
+    // MRTR: the cell waits in input(); the client asks the user and calls again with the answer.
+    const std::string key = "input-" + job + "-" + random_hex(4);
+    const auto exp = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count() +
+                     static_cast<long long>(kInputRetryTimeout);
+    ToolReply r;
+    json form = input_form(rec["kgate_mcp_input_required"].value("prompt", ""));
+    form["mode"] = "form";
+    r.input_requests = json{{key, {{"method", "elicitation/create"}, {"params", std::move(form)}}}};
+    r.request_state = seal_state({{"tool", "execute"}, {"code", keyed_digest(code)}, {"job", job},
+                                  {"kernel", t->cur.kernel}, {"agent", agent_}, {"key", key}, {"exp", exp}});
+    return r;
   }
   std::vector<std::string> to_ack;
   if (!refusal.empty()) {
@@ -1092,7 +1223,7 @@ ToolReply Translator::execute(Call& c) {
     append_text(content, "\n" + rec["kgate_mcp_input_note"].get<std::string>());
   else if (rec.is_object() && rec["error"].is_object() && rec["error"].value("ename", "") == "StdinNotImplementedError")
     append_text(content, std::string("\nNOTE: input() needs a client that can ask the user (MCP elicitation); ") +
-                             (c.ask_client ? "this one did not declare it." : "this connection cannot carry the question.") +
+                             (c.ask_client || c.modern ? "this one did not declare it." : "this connection cannot carry the question.") +
                              " Pass the value in the code instead.");
   std::string note = foreign_note(*t, to_ack, rec);
   // Our own running job is never in the digest; repeats of a user's running cell are fine.

@@ -906,6 +906,46 @@ TEST(JsonRpcTools, ReplyShapes) {
   s.expect_alive();
 }
 
+TEST(JsonRpcTools, InputRequiredAndItsRetry) {
+  // MRTR (2026-07-28): a tool may answer input_required; the retry's inputResponses and
+  // requestState reach the tool; they are refused when malformed and ignored in the legacy era.
+  TestHandler h;
+  h.add("ask", [](Call& c) {
+    ToolReply r;
+    if (c.request_state.empty()) {
+      r.input_requests = json{{"k1", {{"method", "elicitation/create"}, {"params", {{"message", "name?"}}}}}};
+      r.request_state = "state-1";
+      return r;
+    }
+    return text_reply(c.request_state + " " + c.input_responses.dump());
+  });
+  Harness s(h);
+  json r = s.tool(1, "ask", json::object(), modern_meta())["result"];
+  EXPECT_EQ(r["resultType"], "input_required");
+  EXPECT_EQ(r["requestState"], "state-1");
+  EXPECT_EQ(r["inputRequests"]["k1"]["method"], "elicitation/create");
+  EXPECT_FALSE(r.contains("content"));
+  EXPECT_EQ(r["_meta"]["io.modelcontextprotocol/serverInfo"], server_info());
+  json retry = {{"name", "ask"}, {"arguments", json::object()}, {"_meta", modern_meta()},
+                {"requestState", "state-1"}, {"inputResponses", {{"k1", {{"action", "accept"}}}}}};
+  r = s.call(2, "tools/call", retry)["result"];
+  EXPECT_EQ(r["resultType"], "complete");
+  EXPECT_EQ(r["content"][0]["text"], R"(state-1 {"k1":{"action":"accept"}})");
+  json bad = retry;
+  bad["inputResponses"] = json::array();
+  expect_error(s.call(3, "tools/call", bad), rpc_error::kInvalidParams, "inputResponses");
+  bad = retry;
+  bad["requestState"] = 7;
+  expect_error(s.call(4, "tools/call", bad), rpc_error::kInvalidParams, "requestState");
+  // The legacy era has no MRTR: the fields are not the client's to send, and are not read.
+  json legacy = retry;
+  legacy.erase("_meta");
+  r = s.call(5, "tools/call", legacy)["result"];
+  EXPECT_EQ(r["inputRequests"], nullptr) << r.dump();
+  EXPECT_FALSE(r.contains("resultType"));
+  s.expect_alive();
+}
+
 // ---- arguments against inputSchema ------------------------------------------------------
 
 json run_schema() {

@@ -96,6 +96,10 @@ struct Call {
       ask_client;
   std::string protocol_version;          // negotiated (legacy: initialize, or 2025-11-25 before it) or from _meta (modern)
   bool modern = false;
+  // The modern era's multi round-trip requests (MRTR): a retry carries the client's answers
+  // (params.inputResponses, an object; null when none) and the requestState it was given ("" when none).
+  json input_responses;
+  std::string request_state;
   // Sends notifications/progress {progressToken, progress, total?, message?} if the request had a
   // progressToken, and does nothing otherwise. Thread-safe. A value that isn't finite, or doesn't
   // exceed the last one sent, is dropped. Nothing is sent once the call has its reply or has been
@@ -107,6 +111,10 @@ struct Call {
 struct ToolReply {
   json content = json::array();
   bool is_error = false;
+  // MRTR (modern era): the call needs the client's input first. When set, the result is an
+  // InputRequiredResult with these inputRequests and `request_state`, and `content` is unused.
+  std::optional<json> input_requests;
+  std::string request_state;
 };
 
 // Checks a tool's arguments against its inputSchema, the schema tools/list publishes, so what a

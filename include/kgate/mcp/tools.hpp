@@ -99,7 +99,7 @@ class Translator final : public ToolHandler {
   // `label`: the job's label instead of this conversation's (a verification's cells).
   json run_cell(const Target& t, const std::string& code, double timeout, bool host, Call* call,
                 std::string& job, bool& still_running, std::string& refusal, std::vector<CellOutput>* direct,
-                const std::string& label = "", bool background = false);
+                const std::string& label = "", bool background = false, const json* resume = nullptr);
   // A new kernel's POST /api/kernels body on the default endpoint: this conversation's
   // environment and working directory (when the hosting sends them), as an auto kernel gets.
   json own_environment(const Endpoint& ep) const;
@@ -111,6 +111,11 @@ class Translator final : public ToolHandler {
   // through the client (elicitation) and answers it, or interrupts the cell. Returns a note for
   // the reply ("" when answered).
   std::string answer_input(const Target& t, const std::string& job, const json& request, Call& c, double left);
+  // Gives `job`'s input() the user's answer (an ElicitResult: accept with content.value, decline
+  // or cancel), or interrupts the cell. Returns a note for the reply ("" when answered).
+  std::string give_answer(const Target& t, const std::string& job, const json& result);
+  // Interrupts `job` because its input() was not answered; returns `why`.
+  std::string stop_for_input(const Target& t, const std::string& job, const std::string& why);
   // After an interrupt: waits up to `bound` for `job` to end; its record, or null if unreadable.
   json wait_ended(const Target& t, const std::string& job, std::chrono::milliseconds bound, Call& c);
   // The note on cells the agent did not run, from `rec`'s embedded digest when it is the
