@@ -49,6 +49,12 @@ constexpr long long kMaxTaskTtlMs = 24LL * 60 * 60 * 1000;
 constexpr long long kTaskPollMs = 1000;
 constexpr std::size_t kMaxTasks = 256;
 constexpr std::string_view kMetaRelatedTask = "io.modelcontextprotocol/related-task";
+// The 2026-07-28 tasks extension: its name (in server/discover's capabilities and the client's
+// per-request capabilities), and how long a call whose client declared it runs before its
+// answer becomes a task (a shorter call is answered as usual).
+constexpr std::string_view kTasksExtension = "io.modelcontextprotocol/tasks";
+constexpr auto kTaskAfter = std::chrono::seconds(5);
+constexpr int kMissingCapability = -32021;  // the extension's "Missing required client capability"
 
 // The translator's protocol log. It writes to stderr: stdout carries nothing but protocol, and
 // spdlog's default logger writes to stdout. It is registered with spdlog, so spdlog::set_level
@@ -190,6 +196,12 @@ struct CallState {
   std::chrono::milliseconds progress_interval{1000};  // ServerOptions::progress_interval
   std::shared_ptr<TaskState> task;  // a task-augmented call: its reply is kept, not sent
   std::string key;                  // its entry in Shared::in_flight
+  // The tasks extension (2026-07-28): the call is answered as usual if it ends within
+  // kTaskAfter; else (or as soon as it asks the client something) it becomes its task, and
+  // the request is answered with the task (CreateTaskResult). Under `mutex`.
+  bool may_become_task = false;
+  bool promoted = false;
+  std::condition_variable settled;  // the reply went out, or the call became a task
 };
 
 // One MCP task: a tools/call whose reply is kept for tasks/result (under Shared::tasks_mutex).
@@ -203,12 +215,33 @@ struct TaskState {
   std::optional<json> reply;  // the call's JSON-RPC reply, without its id, once it ended
   std::vector<std::pair<json, Sink>> waiting;  // tasks/result requests: id, where to answer
   std::shared_ptr<CallState> call;
+  // The tasks extension's (2026-07-28): what the task asks the client (inputRequests, by key)
+  // while it is input_required, and the answers tasks/update brought (by key).
+  bool modern = false;
+  json input_requests = json::object();
+  std::map<std::string, json> answers;
+  std::condition_variable answered;  // with Shared::tasks_mutex
+  std::uint64_t next_key = 0;
 
-  bool terminal() const { return status != "working"; }
+  bool terminal() const { return status == "completed" || status == "failed" || status == "cancelled"; }
   json to_json() const {
+    if (modern) {
+      json j = {{"taskId", id},          {"status", status}, {"createdAt", created_at},
+                {"lastUpdatedAt", updated_at}, {"ttlMs", ttl_ms}, {"pollIntervalMs", kTaskPollMs}};
+      if (!message.empty()) j["statusMessage"] = message;
+      return j;
+    }
     json j = {{"taskId", id},          {"status", status}, {"createdAt", created_at},
               {"lastUpdatedAt", updated_at}, {"ttl", ttl_ms}, {"pollInterval", kTaskPollMs}};
     if (!message.empty()) j["statusMessage"] = message;
+    return j;
+  }
+  // tasks/get's answer in the extension: the task, and what its status carries.
+  json detailed() const {
+    json j = to_json();
+    if (status == "input_required") j["inputRequests"] = input_requests;
+    if (status == "completed" && reply && reply->contains("result")) j["result"] = (*reply)["result"];
+    if (status == "failed" && reply && reply->contains("error")) j["error"] = (*reply)["error"];
     return j;
   }
 };
@@ -255,6 +288,16 @@ struct Era {
   std::string version;
 };
 
+// Whether a modern request's client declared the tasks extension (in its _meta capabilities).
+bool declares_tasks(const json& params) {
+  const auto meta = params.find("_meta");
+  if (meta == params.end() || !meta->is_object()) return false;
+  const auto caps = meta->find(kMetaCapabilities);
+  if (caps == meta->end() || !caps->is_object()) return false;
+  const auto ext = caps->find("extensions");
+  return ext != caps->end() && ext->is_object() && ext->contains(kTasksExtension);
+}
+
 // Adds what a modern result carries on top of the legacy shape.
 json complete(json result, const Era& era) {
   if (era.modern) {
@@ -266,11 +309,73 @@ json complete(json result, const Era& era) {
 
 json text_block(std::string text) { return {{"type", "text"}, {"text", std::move(text)}}; }
 
+// Answers a call that may become a task (the tasks extension) with its task, unless it was
+// answered already. True if it is a task now.
+bool promote(const std::shared_ptr<Shared>& shared, const std::shared_ptr<CallState>& st) {
+  json created;
+  {
+    std::lock_guard lock(shared->tasks_mutex);
+    created = st->task->to_json();
+  }
+  created["resultType"] = "task";
+  created["_meta"][std::string(kMetaServerInfo)] = server_info();
+  std::lock_guard lock(st->mutex);
+  if (st->promoted) return true;
+  if (st->replied || st->dropped || shared->closed) return false;
+  st->promoted = true;
+  st->out(make_result(st->call.id, std::move(created)));
+  st->settled.notify_all();
+  log().info("tools/call {} (id {}) became task {}", st->call.tool, st->call.id.dump(), st->task->id);
+  return true;
+}
+
+// Call::ask_client for a call that may become a task: the call becomes its task (if it is not
+// one yet), which turns input_required with the request until tasks/update answers it.
+std::optional<json> ask_in_task(const std::weak_ptr<CallState>& weak_state, const std::weak_ptr<Shared>& weak_shared,
+                                const std::string& method, const json& params, std::chrono::milliseconds timeout) {
+  auto st = weak_state.lock();
+  auto shared = weak_shared.lock();
+  if (!st || !shared || !promote(shared, st)) return std::nullopt;
+  TaskState& t = *st->task;
+  std::unique_lock lock(shared->tasks_mutex);
+  if (t.terminal()) return std::nullopt;
+  const std::string key = "ask-" + std::to_string(++t.next_key);
+  t.input_requests[key] = {{"method", method}, {"params", params}};
+  t.status = "input_required";
+  t.message = "Waiting for the user's answer (inputRequests).";
+  t.updated_at = iso_now();
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!t.answers.count(key) && !t.terminal() && !st->call.cancelled && !shared->closed &&
+         std::chrono::steady_clock::now() < until)
+    t.answered.wait_for(lock, std::chrono::milliseconds(100));
+  std::optional<json> response;
+  if (auto it = t.answers.find(key); it != t.answers.end()) response = json{{"result", it->second}};
+  t.answers.erase(key);
+  t.input_requests.erase(key);
+  if (t.status == "input_required" && t.input_requests.empty()) {
+    t.status = "working";
+    t.message.clear();
+    t.updated_at = iso_now();
+  }
+  return response;
+}
+
 // The body of a call's worker thread: runs the tool, then sends the reply unless the call was
 // cancelled.
 void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const std::shared_ptr<CallState>& st,
               std::uint64_t seq, Era era) {
   Call& call = st->call;
+  // A call that may become a task: answered with its task if it runs past kTaskAfter.
+  std::thread promoter;
+  if (st->may_become_task) {
+    promoter = std::thread([st, shared] {
+      {
+        std::unique_lock lock(st->mutex);
+        if (st->settled.wait_for(lock, kTaskAfter, [&] { return st->replied || st->promoted || st->dropped; })) return;
+      }
+      promote(shared, st);
+    });
+  }
   json msg;
   try {
     try {
@@ -306,7 +411,38 @@ void run_call(const std::shared_ptr<Shared>& shared, ToolHandler& handler, const
   } catch (const std::exception& e) {  // building the reply itself failed (e.g. out of memory)
     msg = make_error(call.id, rpc_error::kInternalError, std::string("Internal error: ") + e.what());
   }
-  if (st->task) {
+  if (st->may_become_task) {
+    bool promoted;
+    {
+      std::lock_guard lock(st->mutex);
+      promoted = st->promoted;
+      if (!promoted) {
+        if (!st->dropped && !shared->closed) st->out(msg);
+        else if (!shared->closed) st->out(json());
+      }
+      st->replied = true;
+      st->settled.notify_all();
+    }
+    promoter.join();
+    std::lock_guard lock(shared->tasks_mutex);
+    TaskState& t = *st->task;
+    if (promoted) {  // its result is the task's, for tasks/get
+      json reply = msg;
+      reply.erase("id");
+      t.reply = std::move(reply);
+      if (!t.terminal()) {  // a cancelled task stays cancelled
+        t.status = msg.contains("error") ? "failed" : "completed";
+        t.message = msg.contains("error") ? "The call failed: the task's error has why." : "";
+      }
+      t.input_requests = json::object();
+      t.updated_at = iso_now();
+      t.call.reset();
+      t.answered.notify_all();
+    } else {  // answered as usual: the client never heard of the task
+      shared->tasks.erase(t.id);
+      shared->task_order.erase(std::find(shared->task_order.begin(), shared->task_order.end(), t.id));
+    }
+  } else if (st->task) {
     // A task: its reply is kept for tasks/result, and given to those already waiting for it.
     std::vector<std::pair<json, Sink>> waiting;
     json stored;
@@ -392,7 +528,7 @@ void send_progress(const std::weak_ptr<CallState>& weak_state, const std::weak_p
   if (!st || !shared || !st->call.progress_token) return;
   if (!std::isfinite(progress) || (total && !std::isfinite(*total))) return;
   std::lock_guard lock(st->mutex);
-  if (st->replied || st->call.cancelled || shared->closed) return;
+  if (st->replied || st->promoted || st->call.cancelled || shared->closed) return;  // a task has no progress
   if (st->last_progress && progress <= *st->last_progress) return;
   // At most one a second per call, whatever the tool's loop does (a cell whose input() was
   // declined keeps its input_request until the interrupt lands, and the loop spins meanwhile).
@@ -436,6 +572,8 @@ struct McpSession::Impl {
   bool tasks_offered(const Era& era) const { return !era.modern && era.version == kTasksVersion; }
   std::shared_ptr<TaskState> find_task(const json& id, const json& params);
   void tasks_request(const json& id, const std::string& method, const json& params, const Era& era);
+  // The tasks extension (2026-07-28): tasks/get, tasks/update, tasks/cancel.
+  void extension_tasks_request(const json& id, const std::string& method, const json& params, const Era& era);
   void cancel(const json& params);
   void reap();
   void at_eof();
@@ -621,6 +759,8 @@ void McpSession::Impl::handle_request(const json& id, const std::string& method,
     tools_list(id, era);
   } else if (method == "tools/call") {
     tools_call(id, params, era);
+  } else if (method.rfind("tasks/", 0) == 0 && era.modern) {
+    extension_tasks_request(id, method, params, era);
   } else if (method.rfind("tasks/", 0) == 0 && tasks_offered(era)) {
     tasks_request(id, method, params, era);
   } else {
@@ -666,7 +806,7 @@ void McpSession::Impl::discover(const json& id) {
   // server/discover is modern by nature, so it gets the modern result even without _meta.
   json result = {{"resultType", "complete"},
                  {"supportedVersions", supported_versions()},
-                 {"capabilities", {{"tools", json::object()}}},
+                 {"capabilities", {{"tools", json::object()}, {"extensions", {{std::string(kTasksExtension), json::object()}}}}},
                  {"_meta", {{std::string(kMetaServerInfo), server_info()}}},
                  {"ttlMs", kListTtlMs},
                  {"cacheScope", "public"}};
@@ -734,14 +874,22 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
     send(make_error(id, rpc_error::kMethodNotFound, "Method not found: tool " + tool + " runs only as a task"));
     return;
   }
+  // The tasks extension (2026-07-28): the server decides. A call of a tool that may run as a
+  // task, from a client that declared the extension on this request, becomes one if it runs
+  // long (kTaskAfter) or asks the client something; else it is answered as usual.
+  const bool may_become_task = era.modern && support != "forbidden" && declares_tasks(params);
   std::shared_ptr<TaskState> task;
-  if (as_task) {
+  if (as_task || may_become_task) {
     task = std::make_shared<TaskState>();
+    task->modern = may_become_task;
     task->id = new_uuid();
     task->created = std::chrono::steady_clock::now();
     task->created_at = task->updated_at = iso_now();
-    if (const auto ttl = task_param->find("ttl"); ttl != task_param->end() && ttl->is_number() && ttl->get<double>() > 0)
-      task->ttl_ms = std::clamp<long long>(static_cast<long long>(ttl->get<double>()), 1000, kMaxTaskTtlMs);
+    if (as_task) {  // the extension's client asks no ttl: the server's is given
+      const json ttl = task_param->value("ttl", json());
+      if (ttl.is_number() && ttl.get<double>() > 0)
+        task->ttl_ms = std::clamp<long long>(static_cast<long long>(ttl.get<double>()), 1000, kMaxTaskTtlMs);
+    }
   }
   std::optional<json> token;
   if (const auto meta = params.find("_meta"); meta != params.end() && meta->is_object()) {
@@ -778,12 +926,19 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
   auto st = std::make_shared<CallState>();
   st->out = out;
   st->task = task;
+  st->may_become_task = may_become_task;
   Call& call = st->call;
   call.task = task != nullptr;
   call.client_capabilities = client_caps;
   if (era.modern) {
     const auto meta = params.find("_meta");
     call.client_capabilities = meta->value(std::string(kMetaCapabilities), json::object());
+    if (may_become_task)  // it asks through its task (inputRequests, answered by tasks/update)
+      call.ask_client = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
+                            const std::string& method, const json& ask_params,
+                            std::chrono::milliseconds timeout) -> std::optional<json> {
+        return ask_in_task(weak_state, weak_shared, method, ask_params, timeout);
+      };
   } else if (client_requests) {
     call.ask_client = [weak_state = std::weak_ptr<CallState>(st), weak_shared = std::weak_ptr<Shared>(shared)](
                           const std::string& method, const json& ask_params,
@@ -807,7 +962,7 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
 
   reap();
   // A task's call is keyed by its task: the request's id is free again once it is answered.
-  const std::string key = task ? "task:" + task->id : id_key(id);
+  const std::string key = task && !may_become_task ? "task:" + task->id : id_key(id);
   st->key = key;
   if (task) {
     std::lock_guard lock(shared->tasks_mutex);
@@ -861,7 +1016,7 @@ void McpSession::Impl::tools_call(const json& id, const json& params, const Era&
     send(*refusal);
     return;
   }
-  if (task) {
+  if (task && !may_become_task) {
     json created;
     {
       std::lock_guard lock(shared->tasks_mutex);
@@ -949,6 +1104,74 @@ void McpSession::Impl::tasks_request(const json& id, const std::string& method, 
   }
   log().info("task {} cancelled by the client", t->id);
   send(make_result(id, std::move(state)));
+}
+
+void McpSession::Impl::extension_tasks_request(const json& id, const std::string& method, const json& params,
+                                               const Era& era) {
+  if (method != "tasks/get" && method != "tasks/update" && method != "tasks/cancel") {
+    send(make_error(id, rpc_error::kMethodNotFound, "Method not found: " + method));
+    return;
+  }
+  if (!declares_tasks(params)) {
+    send(make_error(id, kMissingCapability,
+                    "Missing required client capability: " + method + " is the tasks extension's (" +
+                        std::string(kTasksExtension) + "), which this request's clientCapabilities do not declare",
+                    {{"requiredCapabilities", {{"extensions", {{std::string(kTasksExtension), json::object()}}}}}}));
+    return;
+  }
+  auto t = find_task(id, params);
+  if (!t) return;
+  if (method == "tasks/get") {
+    json state;
+    {
+      std::lock_guard lock(shared->tasks_mutex);
+      state = t->detailed();
+    }
+    send(make_result(id, complete(std::move(state), era)));
+    return;
+  }
+  if (method == "tasks/update") {
+    const auto responses = params.find("inputResponses");
+    if (responses == params.end() || !responses->is_object()) {
+      send(make_error(id, rpc_error::kInvalidParams, "Invalid params: \"inputResponses\" (an object) is required"));
+      return;
+    }
+    {
+      std::lock_guard lock(shared->tasks_mutex);
+      // Only answers to what is outstanding; others (unknown, answered already) are ignored.
+      for (const auto& [key, value] : responses->items())
+        if (t->input_requests.contains(key)) t->answers[key] = value;
+      t->answered.notify_all();
+    }
+    send(make_result(id, complete(json::object(), era)));
+    return;
+  }
+  // tasks/cancel: the call is cancelled (its cell interrupted); the task is cancelled unless it
+  // had ended.
+  std::shared_ptr<CallState> call;
+  {
+    std::lock_guard lock(shared->tasks_mutex);
+    if (!t->terminal()) {
+      t->status = "cancelled";
+      t->message = "The task was cancelled by request.";
+      t->updated_at = iso_now();
+      call = t->call;
+      t->answered.notify_all();
+    }
+  }
+  if (call) {
+    {
+      std::lock_guard lock(call->mutex);
+      call->call.cancelled = true;
+    }
+    try {
+      handler.cancelled(call->call);
+    } catch (const std::exception& e) {
+      log().error("task {}: the tool's cancel hook failed: {}", t->id, e.what());
+    }
+    log().info("task {} cancelled by the client", t->id);
+  }
+  send(make_result(id, complete(json::object(), era)));
 }
 
 void McpSession::Impl::cancel(const json& params) {

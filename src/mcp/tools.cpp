@@ -666,7 +666,9 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   // the client can be asked; else the cell's input() raises, and the reply says why. The modern
   // era asks by answering the call input_required (MRTR): the client's retry carries the answer.
   const bool can_ask = call && !host && call->ask_client && call->client_capabilities.contains("elicitation");
-  const bool can_retry = call && !host && !background && call->modern && elicits_forms(call->client_capabilities);
+  // (A call that may become a task asks through its task instead: ask_client.)
+  const bool can_retry =
+      !can_ask && call && !host && !background && call->modern && elicits_forms(call->client_capabilities);
   std::string input_notes;
   bool gave_up = false;
   json rec;

@@ -787,7 +787,7 @@ TEST(JsonRpcModern, Discover) {
   const json& res = r["result"];
   EXPECT_EQ(res["resultType"], "complete");
   EXPECT_EQ(res["supportedVersions"], json({"2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"}));
-  EXPECT_EQ(res["capabilities"], json({{"tools", json::object()}}));
+  EXPECT_EQ(res["capabilities"], json::parse(R"({"tools":{},"extensions":{"io.modelcontextprotocol/tasks":{}}})"));
   EXPECT_EQ(res["_meta"]["io.modelcontextprotocol/serverInfo"], server_info());
   EXPECT_TRUE(res["ttlMs"].is_number_integer());
   EXPECT_GT(res["ttlMs"].get<long long>(), 0);
