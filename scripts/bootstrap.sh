@@ -16,6 +16,7 @@ PKGS=(
   python3-prometheus-client  # parses /metrics in tests/integration/test_metrics.py
   ccache mold lld  # the compiler cache and the fast linkers (cmake/BuildSpeed.cmake)
   slurmctld slurmd slurm-client munge openssh-server  # the remote launchers' test engines (tests/integration/engines.py)
+  tmux  # the interactive Claude Code in tests/integration/test_claude_code.py
 )
 
 missing=()
@@ -33,11 +34,11 @@ fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # From npm, exactly as each package-lock.json pins them: the MCP TypeScript SDK and
-# @jupyterlab/services for the end-to-end tests (tests/e2e), and the MCP conformance suite with
-# the Node 22 it needs (tests/conformance).
+# @jupyterlab/services for the end-to-end tests (tests/e2e), the MCP conformance suite with
+# the Node 22 it needs (tests/conformance), and the Claude Code CLI (tests/claude).
 npm_deps() {
   local dir
-  for dir in "$here/tests/e2e" "$here/tests/conformance"; do
+  for dir in "$here/tests/e2e" "$here/tests/conformance" "$here/tests/claude"; do
     if [ -f "$dir/package-lock.json" ] && { [ ! -d "$dir/node_modules" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules" ]; }; then
       echo "bootstrap: npm ci in ${dir#$here/}" >&2
       (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2 && touch node_modules)
