@@ -88,6 +88,11 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def saw(self, text):
+        """Whether any request of the conversation carried `text` (a task's notification, ...)."""
+        with self._lock:
+            return any(text in json.dumps(r.get("messages", [])) for r in self.requests)
+
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -111,6 +116,8 @@ class StandIn:
             if not self.script:
                 return [{"type": "text", "text": self.final}], "end_turn"
             tool, inp = self.script[0]
+            if callable(inp):  # built from what came back so far (a job id, ...)
+                inp = inp(self.results)
             self._n += 1
             uid = f"toolu_{self._n:04d}"
             if tool_name(tool) not in tools:  # deferred: load it first
@@ -210,3 +217,62 @@ def protocol_log(log):
         except ValueError:
             out.append((d, text))
     return out
+
+
+def seed_home(home, cwd):
+    """A HOME in which Claude Code starts straight into a conversation: onboarding done, the
+    stand-in's key approved, `cwd` trusted, bypass-permissions mode accepted."""
+    home.mkdir(parents=True, exist_ok=True)
+    key = "sk-ant-standin"
+    (home / ".claude.json").write_text(json.dumps({
+        "hasCompletedOnboarding": True, "lastOnboardingVersion": "2.1.332", "theme": "dark",
+        "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+        "bypassPermissionsModeAccepted": True,
+        "projects": {str(cwd): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}},
+    }))
+
+
+class Interactive:
+    """Claude Code's interactive UI in a tmux session of its own."""
+
+    _n = 0
+
+    def __init__(self, config, home, standin, cwd):
+        Interactive._n += 1
+        self.name = f"kgate-claude-{os.getpid()}-{Interactive._n}"
+        seed_home(home, cwd)
+        env = claude_env(home, standin)
+        args = ["tmux", "new-session", "-d", "-s", self.name, "-x", "160", "-y", "50", "-c", str(cwd)]
+        for k in ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "IS_SANDBOX", "DISABLE_TELEMETRY",
+                  "DISABLE_AUTOUPDATER", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                  "CLAUDE_CODE_DISABLE_TERMINAL_TITLE", "PATH"):
+            args += ["-e", f"{k}={env[k]}"]
+        args += ["--", str(CLAUDE), "--mcp-config", str(config), "--strict-mcp-config",
+                 "--dangerously-skip-permissions"]
+        subprocess.run(args, check=True)
+
+    def screen(self):
+        r = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        return r.stdout
+
+    def keys(self, *keys):
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def type(self, text):
+        subprocess.run(["tmux", "send-keys", "-t", self.name, "-l", text], check=True)
+
+    def wait_screen(self, pred, timeout=60):
+        import time
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.screen()
+            if pred(s):
+                return s
+            time.sleep(0.3)
+        return None
+
+    def alive(self):
+        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+
+    def close(self):
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from claude_code import CLAUDE, StandIn, protocol_log, result_text, run_print, stdio_config
+from claude_code import CLAUDE, Interactive, StandIn, protocol_log, result_text, run_print, stdio_config
+from conftest import wait_until
 from test_mcp_transcript import mcp_bin, owner_token_env  # noqa: F401 (mcp_bin is a fixture)
 
 pytestmark = pytest.mark.skipif(not CLAUDE.exists(), reason="tests/claude/node_modules is missing: "
@@ -84,3 +85,87 @@ def test_print_mode_execute_error_and_the_end_of_the_conversation(kgate, mcp_bin
         time.sleep(0.2)
         mine = kernel_ids(kgate) - before
     assert not mine, f"the conversation's auto kernel outlived it: {mine}"
+
+
+def test_print_mode_background_task_followed_to_its_end(kgate, mcp_bin, tmp_path, standin):  # noqa: F811
+    """A background task stays running until it really ends (issue 43, point 6): execute is
+    refused meanwhile, and poll_job follows it to its last line."""
+    loop = "import time\nfor i in range(8):\n    print('tick', i, flush=True)\n    time.sleep(1)"
+
+    def job_of(results):
+        import re
+        return {"job": re.search(r"job-\d+", result_text(results[0][2])).group(0), "wait": 30}
+
+    standin.script = [("execute", {"code": loop, "background": True}),
+                      ("execute", {"code": "1 + 1"}),
+                      ("poll_job", job_of)]
+    env = {"KGATE_URL": kgate.url}
+    cfg = stdio_config(tmp_path / "mcp.json", mcp_bin, {**env, **owner_token_env(env)}, tmp_path / "rpc.log")
+    run = run_print(cfg, tmp_path / "home", standin, tmp_path)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    started, refused, polled = (result_text(r[2]) for r in standin.results)
+    assert "runs in the background" in started, started
+    assert "background task" in refused and "refused" in refused, refused
+    assert "tick 7" in polled and ": ok" in polled, polled
+
+
+@pytest.fixture
+def own_kgate(kgate_factory):
+    return kgate_factory()
+
+
+def interactive(kg, mcp_bin, tmp_path, standin):  # noqa: F811
+    env = {"KGATE_URL": kg.url}
+    log = tmp_path / "rpc.log"
+    cfg = stdio_config(tmp_path / "mcp.json", mcp_bin, {**env, **owner_token_env(env)}, log)
+    ui = Interactive(cfg, tmp_path / "home", standin, tmp_path)
+    assert ui.wait_screen(lambda s: "bypass permissions on" in s, 60), ui.screen()
+    ui.type("go")
+    ui.keys("Enter")
+    return ui, log
+
+
+def test_interactive_a_long_cell_runs_as_a_task(own_kgate, mcp_bin, tmp_path, standin):  # noqa: F811
+    """Interactive Claude Code declares the tasks extension: a cell over 5 s becomes a task,
+    which Claude Code moves to the background, polls, and reports to the model when it ends."""
+    code = "import time\nfor i in range(8):\n    time.sleep(1)\nprint('slept', 8)"
+    standin.script = [("execute", {"code": code})]
+    ui, log = interactive(own_kgate, mcp_bin, tmp_path, standin)
+    try:
+        assert wait_until(lambda: standin.results, 60), ui.screen()
+        first = result_text(standin.results[0][2])
+        assert "started server-side task" in first, first
+        # Its end reaches the model as a task notification, with the cell's output.
+        assert wait_until(lambda: standin.saw("slept 8") and standin.saw("<status>completed</status>"), 60), \
+            ui.screen()
+        rpc = protocol_log(log)
+        answers = [m["result"] for d, m in rpc if d == "<" and isinstance(m, dict) and isinstance(m.get("result"), dict)]
+        assert any(a.get("resultType") == "task" for a in answers), answers
+        done = [a for a in answers if a.get("status") == "completed"]
+        assert done and any("slept 8" in b.get("text", "") for b in done[0]["result"]["content"]), done
+        caps = next(m for d, m in rpc if d == ">" and isinstance(m, dict) and m.get("method") == "tools/call")
+        assert "io.modelcontextprotocol/tasks" in \
+            caps["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]["extensions"], caps
+    finally:
+        ui.close()
+
+
+def test_interactive_input_is_answered_through_the_form(own_kgate, mcp_bin, tmp_path, standin):  # noqa: F811
+    code = "name = input('name? ')\nprint('hi', name)"
+    standin.script = [("execute", {"code": code})]
+    ui, log = interactive(own_kgate, mcp_bin, tmp_path, standin)
+    try:
+        assert ui.wait_screen(lambda s: "The running cell asks for input: name?" in s, 60), ui.screen()
+        time.sleep(1)
+        ui.type("Ada")
+        assert ui.wait_screen(lambda s: "Ada" in s, 10), ui.screen()
+        ui.keys("Enter")  # the field is filled in; then Accept
+        assert ui.wait_screen(lambda s: '✔ "name? ": Ada' in s and "❯ Accept" in s, 10), ui.screen()
+        time.sleep(1)  # the form takes a key only once it has settled
+        ui.keys("Enter")
+        assert wait_until(lambda: standin.saw("hi Ada"), 60), (ui.screen(), protocol_log(log)[-6:])
+        rpc = protocol_log(log)
+        updates = [m for d, m in rpc if d == ">" and isinstance(m, dict) and m.get("method") == "tasks/update"]
+        assert updates and list(updates[0]["params"]["inputResponses"].values())[0]["action"] == "accept", updates
+    finally:
+        ui.close()
