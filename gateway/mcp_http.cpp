@@ -276,6 +276,12 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
   auto p = std::make_shared<Pending>(server_.ioc(), std::move(c.respond), version, keep_alive,
                                      request ? msg["id"] : json());
   if (!request) return p->answer(http::status::accepted);  // a notification: nothing to keep
+  // A tools/call whose POST accepts an event stream gets its progress on it, as in a session: so
+  // no client's timeout cuts a long cell (Claude Code's HTTP transport gives up after 60 s of
+  // silence).
+  const bool streamable = msg["method"] == "tools/call" && c.respond_in_parts &&
+                          accepts_event_stream(c.req[http::field::accept]);
+  if (streamable) p->respond_in_parts = std::move(c.respond_in_parts);
   // A translator and a session for this request alone, ended once it is answered: the client
   // names every kernel it acts on (mcp::Hosting::stateless).
   mcp::Hosting hosting{"kgate /mcp, stateless", false, true, true};
@@ -298,6 +304,8 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
     } else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error"))) {
       p->answer(http::status::ok, m);
       end();
+    } else {
+      return p->event(m);  // progress, on the event stream (dropped when there is none)
     }
     return true;
   };

@@ -42,6 +42,9 @@ constexpr std::size_t kVerifyLines = 5, kVerifyLineBytes = 300;  // verify: outp
 // waits this long for it (kgate interrupts it then: execute's input_timeout), and the retry's
 // requestState is honoured as long.
 constexpr double kInputRetryTimeout = 600;
+// A kernel that a stateless request (kgate's /mcp, 2026-07-28) made for an execute without one:
+// kgate culls it after this many seconds idle (kgate_cull_idle_timeout).
+constexpr int kStatelessKernelIdle = 1800;
 
 // The requestState of an execute answered input_required: what the retry resumes (its job, its
 // kernel, the agent, the code's digest, the input request's key, an expiry), in JSON, signed
@@ -613,6 +616,13 @@ std::optional<Translator::Target> Translator::target(const json& args, std::stri
   // Acting on a kernel by id, without connect, is acting as this agent all the same: its claim
   // must end with this process, so the link is held from here on.
   if (t.kgate) hold_link(ep);
+  // A stateless request has no current kernel, whose websocket would bring the cell's outputs
+  // as they are (streams by name, images): it opens one for the kernel it acts on.
+  if (hosting_.stateless && t.kgate && (!channel_.is_open() || channel_.kernel() != t.kernel)) {
+    std::string err;
+    if (!channel_.open(ep, t.kernel, agent_, 10s, err))
+      spdlog::warn("kernel {}: {} (outputs come from the records: no images)", t.kernel, err);
+  }
   return Target{t, http};
 }
 
@@ -969,6 +979,11 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   json body = new_kernel_body(ep, launcher);
   // kgate stops it if this process dies without doing so (README "The end of a conversation").
   if (auto_kernel && kgate && !hosting_.stateless) body["kgate_conversation"] = agent_;
+  // Stateless (/mcp, 2026-07-28): the conversation's end is never seen, so kgate culls the kernel
+  // once it has been idle this long (unless a client is attached), and this request does not stop it.
+  const bool culled_later = auto_kernel && hosting_.stateless;
+  if (culled_later && kgate) body["kgate_cull_idle_timeout"] = kStatelessKernelIdle;
+  if (culled_later) auto_kernel = false;
   {
     std::lock_guard lk(mu_);
     posting_ = true;
@@ -996,9 +1011,14 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
             (r.status == 201 || r.status == 200 ? std::string("the reply names no kernel id") : r.message());
     return "";
   }
-  std::string out = (auto_kernel ? "(created an auto kernel " : "created kernel ") + id + " on " + ep.url +
-                    (launcher.empty() ? "" : " (launcher " + launcher + ")") +
-                    (auto_kernel ? " for this conversation; it stops when the conversation ends unless you connect to it)" : "");
+  std::string out = (auto_kernel ? "(created an auto kernel " : culled_later ? "(created kernel " : "created kernel ") +
+                    id + " on " + ep.url + (launcher.empty() ? "" : " (launcher " + launcher + ")") +
+                    (auto_kernel ? " for this conversation; it stops when the conversation ends unless you connect to it)"
+                     : culled_later
+                         ? " for this conversation: pass kernel='" + id + "' to the calls that follow. This server "
+                           "keeps nothing between requests, so the kernel is stopped after " +
+                           std::to_string(kStatelessKernelIdle / 60) + " min idle)"
+                         : "");
   if (queued)
     return out + "\nqueued as " + queue_text(r.json_body()) +
            "; poll with server_status. execute works once it runs (startup.py runs first).";
@@ -1147,11 +1167,8 @@ ToolReply Translator::execute(Call& c) {
       std::lock_guard lk(mu_);
       have = current_.has_value();
     }
-    if (!have && str_arg(c.arguments, "kernel").empty() && hosting_.stateless)
-      return text_reply("Pass kernel: this MCP server keeps nothing between requests (MCP 2026-07-28, stateless). "
-                        "connect makes a kernel and names its id; give that id as kernel to execute and the "
-                        "other tools. list_kernels lists them.",
-                        true);
+    // (Stateless, /mcp in the 2026-07-28 era: a kernel is made for this call alone, and named, so
+    // that the calls that follow can pass it; kgate culls it once idle, see create_kernel.)
     if (!have && str_arg(c.arguments, "kernel").empty()) {
       Endpoint ep;
       if (!resolve("", ep, error)) return text_reply(error, true);

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from claude_code import CLAUDE, Interactive, StandIn, protocol_log, result_text, run_print, stdio_config
+from claude_code import (CLAUDE, Interactive, StandIn, http_config, protocol_log, result_text, run_print,
+                         stdio_config)
 from conftest import wait_until
 from test_mcp_transcript import mcp_bin, owner_token_env  # noqa: F401 (mcp_bin is a fixture)
 
@@ -169,3 +170,24 @@ def test_interactive_input_is_answered_through_the_form(own_kgate, mcp_bin, tmp_
         assert updates and list(updates[0]["params"]["inputResponses"].values())[0]["action"] == "accept", updates
     finally:
         ui.close()
+
+
+def test_print_mode_over_kgates_own_mcp(kgate_factory, tmp_path, standin):
+    """`claude mcp add --transport http` with a token: stateless 2026-07-28 requests. The first
+    execute needs no connect (it makes a kernel and names it), and a 70 s cell reaches the model
+    whole: its progress keeps Claude Code's HTTP transport (60 s without a word) waiting."""
+    token = "kgate-claude-http-token-51c3"
+    kg = kgate_factory(token=token)
+
+    def on_that_kernel(results):
+        kid = result_text(results[0][2]).split("pass kernel='")[1].split("'")[0]
+        return {"code": "import time\ntime.sleep(70)\nprint('awake after 70 s')", "kernel": kid, "timeout": 120}
+
+    standin.script = [("execute", {"code": "x = 6 * 7\nprint('first', x)"}),
+                      ("execute", on_that_kernel)]
+    cfg = http_config(tmp_path / "mcp.json", kg.url + "/mcp", token)
+    run = run_print(cfg, tmp_path / "home", standin, tmp_path, timeout=300)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    first, slow = (result_text(r[2]) for r in standin.results)
+    assert first.endswith(")\nfirst 42") and not standin.results[0][2].get("is_error"), first
+    assert "awake after 70 s" in slow and not standin.results[1][2].get("is_error"), slow

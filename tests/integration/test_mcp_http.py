@@ -175,8 +175,13 @@ def test_stateless_2026_07_28_requests_need_no_session(kgate_factory):
         r = modern(rid, "tools/call", {"name": name, "arguments": args})["result"]
         return "\n".join(b["text"] for b in r["content"] if b["type"] == "text"), r
 
-    text, r = tool(3, "execute", {"code": "1+1"})
-    assert r["isError"] and "Pass kernel" in text, text
+    # An execute without a kernel makes one, names it for the calls that follow, and leaves it to
+    # kgate's culler (the conversation's end is never seen); its output is tagged as on stdio.
+    text, r = tool(3, "execute", {"code": "print('made')\n1+1"})
+    assert not r["isError"] and "pass kernel='" in text and "stopped after 30 min idle" in text, text
+    assert "<stdout>\nmade\n</stdout>" in text and "2" in text, text
+    made = text.split("pass kernel='")[1].split("'")[0]
+    assert kg.rest("GET", f"/api/kernels/{made}")[0] == 200, "the request's end stopped its kernel"
     text, r = tool(4, "connect", {})
     assert not r["isError"], text
     kid = text.split("created kernel ")[1].split()[0]
@@ -248,3 +253,26 @@ def test_progress_and_questions_come_on_an_event_stream(kgate_factory):
         conn.close()
     call(kg, sid, "interrupt", {})
     kg.http("DELETE", "/mcp", headers={"Mcp-Session-Id": sid})
+
+
+def test_stateless_progress_comes_on_an_event_stream(kgate_factory):
+    """The stateless era streams a call's progress on its response, as a session does, so that no
+    client's timeout cuts a long cell (Claude Code's HTTP transport gives up after 60 s)."""
+    kg = kgate_factory(token=TOKEN)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}
+    kid = kg.start_kernel()["id"]
+    body = {"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+            "params": {"name": "execute", "arguments": {"code": "import time; time.sleep(2.5); print('late')",
+                                                        "kernel": kid},
+                       "_meta": {**meta, "progressToken": "p9"}}}
+    status, hdrs, data = kg.http("POST", "/mcp", json.dumps(body),
+                                 {**JSON, "Accept": "application/json, text/event-stream",
+                                  "MCP-Protocol-Version": "2026-07-28"})
+    assert status == 200 and hdrs["Content-Type"] == "text/event-stream", (status, hdrs, data)
+    events = sse_events(data)
+    progress = [e for e in events if e.get("method") == "notifications/progress"]
+    assert progress and all(e["params"]["progressToken"] == "p9" for e in progress), events
+    assert events[-1]["id"] == 9 and "late" in json.dumps(events[-1]["result"]), events[-1]
+    kg.rest("DELETE", f"/api/kernels/{kid}")
