@@ -282,8 +282,22 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
   const bool streamable = msg["method"] == "tools/call" && c.respond_in_parts &&
                           accepts_event_stream(c.req[http::field::accept]);
   if (streamable) p->respond_in_parts = std::move(c.respond_in_parts);
+  // tasks/* naming a task that a stateless call became: that call's session answers.
+  const std::string method = msg.value("method", "");
+  if (method.rfind("tasks/", 0) == 0 && msg["params"].is_object() && msg["params"]["taskId"].is_string()) {
+    if (auto it = task_sessions_.find(msg["params"]["taskId"].get<std::string>()); it != task_sessions_.end()) {
+      it->second.last_used = std::chrono::steady_clock::now();
+      it->second.session->handle(c.req.body(), [p](const json& m) {
+        if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error")))
+          p->answer(http::status::ok, m);
+        return true;
+      });
+      return;
+    }
+  }
   // A translator and a session for this request alone, ended once it is answered: the client
-  // names every kernel it acts on (mcp::Hosting::stateless).
+  // names every kernel it acts on (mcp::Hosting::stateless). A tools/call that becomes a task
+  // keeps them (task_sessions_).
   mcp::Hosting hosting{"kgate /mcp, stateless", false, true, true};
   auto translator = std::make_shared<mcp::Translator>(self_config(server_), std::move(hosting));
   mcp::ServerOptions opts;
@@ -297,10 +311,27 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
       keep_if_in_use(*session, translator);
     }).detach();
   };
-  mcp::Sink sink = [p, end](const json& m) {
+  // (The sink may run on a call's thread after kgate stopped: it touches this McpHttp only in
+  // what it posts to the Asio thread, which runs no more by then.)
+  mcp::Sink sink = [this, &ioc = server_.ioc(), p, end, translator, session, finished](const json& m) {
     if (m.is_null()) {
       p->answer(http::status::accepted);
       end();
+    } else if (m.is_object() && m.value("id", json()) == p->id && m.contains("result") && m["result"].is_object() &&
+               m["result"].value("resultType", "") == "task" && m["result"]["taskId"].is_string()) {
+      // The call became a task: its session stays, found by the task's id (posted before the
+      // answer, so a tasks/get that follows finds it).
+      finished->store(true);
+      const std::string task = m["result"]["taskId"].get<std::string>();
+      net::post(ioc, [this, task, translator, session] {
+        Entry e;
+        e.translator = translator;
+        e.session = session;
+        e.last_used = std::chrono::steady_clock::now();
+        task_sessions_.emplace(task, std::move(e));
+        spdlog::info("mcp: a stateless call became task {}", task);
+      });
+      p->answer(http::status::ok, m);
     } else if (m.is_object() && m.value("id", json()) == p->id && (m.contains("result") || m.contains("error"))) {
       p->answer(http::status::ok, m);
       end();
@@ -345,11 +376,26 @@ void McpHttp::end(const std::string& id, const std::string& why) {
   }).detach();
 }
 
+void McpHttp::end_task_session(const std::string& task, const std::string& why) {
+  auto it = task_sessions_.find(task);
+  if (it == task_sessions_.end()) return;
+  Entry e = std::move(it->second);
+  task_sessions_.erase(it);
+  spdlog::info("mcp: the session of task {} ended: {}", task, why);
+  std::thread([e = std::move(e)]() mutable {
+    e.session->close();
+    keep_if_in_use(*e.session, e.translator);
+  }).detach();
+}
+
 void McpHttp::close_all() {
   reaper_.cancel();
   std::vector<std::string> ids;
   for (const auto& [id, e] : sessions_) ids.push_back(id);
   for (const auto& id : ids) end(id, "kgate is stopping");
+  ids.clear();
+  for (const auto& [id, e] : task_sessions_) ids.push_back(id);
+  for (const auto& id : ids) end_task_session(id, "kgate is stopping");
 }
 
 void McpHttp::reap() {
@@ -360,6 +406,10 @@ void McpHttp::reap() {
     if (!waiting && e.session->in_flight() == 0 && now - e.last_used > kIdleTimeout) idle.push_back(id);
   }
   for (const auto& id : idle) end(id, "idle for " + std::to_string(kIdleTimeout.count()) + " min");
+  idle.clear();
+  for (const auto& [id, e] : task_sessions_)
+    if (e.session->in_flight() == 0 && now - e.last_used > kIdleTimeout) idle.push_back(id);
+  for (const auto& id : idle) end_task_session(id, "idle for " + std::to_string(kIdleTimeout.count()) + " min");
   reaper_.expires_after(std::chrono::seconds(30));
   reaper_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) reap();

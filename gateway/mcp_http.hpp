@@ -69,9 +69,14 @@ class McpHttp {
   // A 2026-07-28 request without a session: served by a session of its own, ended once answered.
   void stateless(Call& c, const json& msg, bool request);
   void end(const std::string& id, const std::string& why);
+  void end_task_session(const std::string& task, const std::string& why);
 
   Server& server_;
   std::map<std::string, Entry> sessions_;
+  // Stateless requests whose tools/call became a task (the 2026-07-28 tasks extension): their
+  // session lives on, by task id, for the tasks/get, tasks/update and tasks/cancel that name the
+  // task, until it has been idle for kIdleTimeout with nothing in flight.
+  std::map<std::string, Entry> task_sessions_;
   net::steady_timer reaper_;
 };
 

@@ -446,6 +446,18 @@ json Translator::tool_list() const {
 
 ToolReply Translator::call(Call& c) {
   if (!c.arguments.is_object()) throw InvalidParams("arguments must be an object");
+  // Stateless (one call per Translator): the agent's claims end with its call, even when the
+  // call was a task whose session lives on for tasks/get.
+  struct Release {
+    Translator* t;
+    ~Release() {
+      if (t->hosting_.stateless) t->drop_links();
+    }
+  } release{this};
+  return dispatch(c);
+}
+
+ToolReply Translator::dispatch(Call& c) {
   const auto& t = c.tool;
   if (t == "connect") return connect(c);
   if (t == "execute") return execute(c);

@@ -133,3 +133,38 @@ def test_input_in_a_task_is_asked_through_the_task(kgate, mcp_bin, tmp_path):  #
     finally:
         p.close()
         p.kill()
+
+
+def test_the_extension_over_stateless_http(kgate_factory):
+    """kgate's /mcp in the stateless era: a call that becomes a task keeps its session, which the
+    tasks/get, tasks/update and tasks/cancel naming the task reach; the cell is not cut when the
+    request that made the task is answered."""
+    from test_mcp_http import TOKEN, post
+    kg = kgate_factory(token=TOKEN)
+    kid = kg.start_kernel()["id"]
+
+    def rpc(rid, method, params):
+        status, _, body = post(kg, {"jsonrpc": "2.0", "id": rid, "method": method,
+                                    "params": {**params, "_meta": meta()}},
+                               headers={"MCP-Protocol-Version": "2026-07-28"})
+        assert status == 200, (status, body)
+        return body
+
+    code = "import time\nfor i in range(7):\n    time.sleep(1)\nprint('over http')"
+    created = rpc(1, "tools/call", {"name": "execute", "arguments": {"code": code, "kernel": kid}})["result"]
+    assert created["resultType"] == "task", created
+    tid = created["taskId"]
+    deadline = time.monotonic() + 60
+    while True:
+        got = rpc(2, "tasks/get", {"taskId": tid})["result"]
+        if got["status"] != "working" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert got["status"] == "completed" and text(got["result"]).endswith("over http"), got
+    # A cancel over HTTP reaches its cell too.
+    created = rpc(3, "tools/call", {"name": "execute", "arguments": {"code": "import time\ntime.sleep(60)",
+                                                                       "kernel": kid}})["result"]
+    assert rpc(4, "tasks/cancel", {"taskId": created["taskId"]})["result"]["resultType"] == "complete"
+    assert wait_until(lambda: jobs_with(kg, "import time\ntime.sleep(60)")[0]["status"] == "interrupted", 15)
+    assert rpc(5, "tasks/get", {"taskId": "no-such-task"})["error"]["code"] == -32602
+    kg.rest("DELETE", f"/api/kernels/{kid}")

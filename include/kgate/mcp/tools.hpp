@@ -93,6 +93,8 @@ class Translator final : public ToolHandler {
   bool finish_pending_setup(const Target& t, std::string& error);
   void make_current(Current cur);
   // Runs setup (startup.py, inspectors.py) on a kernel this translator made.
+  // The tool named by the call.
+  ToolReply dispatch(Call& c);
   bool run_setup(const Target& t, std::string& output, std::string& error);
   // Runs code as the agent (kgate) or directly on the websocket (stock server) and waits.
   // `direct` gets the outputs on a stock server (which keeps no records).
