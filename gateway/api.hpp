@@ -31,6 +31,9 @@ class PartsWriter {
   virtual ~PartsWriter() = default;
   virtual void send(std::string part) = 0;
   virtual void end() = 0;
+  // `fn` runs (once, on the Asio thread) if the client goes away before the end: a write of a
+  // part failed, or the client left too much unread. Call on the Asio thread.
+  virtual void on_gone(std::function<void()> fn) = 0;
 };
 // Starts a response in parts: `head` (its status and headers; chunked is set, its body ignored)
 // goes out at once. Offered for HTTP/1.1 requests other than HEAD, as an alternative to Respond:

@@ -178,6 +178,7 @@ class HttpSession::Parts : public PartsWriter {
   explicit Parts(std::shared_ptr<HttpSession> s) : s_(std::move(s)) {}
   void send(std::string part) override { s_->queue_part(std::move(part)); }
   void end() override { s_->end_parts(); }
+  void on_gone(std::function<void()> fn) override { s_->parts_gone_ = std::move(fn); }
 
  private:
   std::shared_ptr<HttpSession> s_;
@@ -203,6 +204,7 @@ void HttpSession::queue_part(std::string part) {
                  parts_.queued.size() + part.size(), kMaxQueuedParts);
     parts_.failed = true;
     parts_.queued.clear();
+    if (auto gone = std::exchange(parts_gone_, nullptr)) gone();
     if (!parts_.writing) do_close();  // else the write in flight fails or ends, and closes then
     return;
   }
@@ -234,11 +236,13 @@ void HttpSession::on_part_written(beast::error_code ec, std::size_t) {
   if (ec || parts_.failed) {
     parts_.failed = true;
     parts_.queued.clear();
+    if (auto gone = std::exchange(parts_gone_, nullptr)) gone();
     return do_close();
   }
   if (!parts_.last_sent) return pump_parts();
   const bool keep_alive = parts_.keep_alive;
   parts_ = {};
+  parts_gone_ = nullptr;
   if (!keep_alive) return do_close();
   do_read();
 }

@@ -3,6 +3,7 @@
 // deadline; on a Unix one the peer's uid was checked when it was accepted.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     std::string queued;        // parts not yet written
     std::string in_flight;     // the bytes of the write in flight
   } parts_;
+  std::function<void()> parts_gone_;  // PartsWriter::on_gone
 };
 
 }  // namespace kgate::gw

@@ -63,6 +63,20 @@ mcp::Config self_config(const Server& server) {
   return cfg;
 }
 
+// What Pending::gone does: the call of request `id` is cancelled as if the client had sent
+// notifications/cancelled (the Translator interrupts its cell; no reply is sent).
+std::function<void()> cancel_when_gone(const std::shared_ptr<mcp::McpSession>& session, const json& id) {
+  return [weak = std::weak_ptr<mcp::McpSession>(session), id] {
+    auto s = weak.lock();
+    if (!s) return;
+    spdlog::info("mcp: the client of call {} went away before its reply: the call is cancelled", id.dump());
+    json note = {{"jsonrpc", "2.0"},
+                 {"method", "notifications/cancelled"},
+                 {"params", {{"requestId", id}, {"reason", "the client closed the connection"}}}};
+    s->handle(note.dump(), [](const json&) { return true; });
+  };
+}
+
 // After McpSession::close: a call that outlived the close grace still runs on its thread and uses
 // the translator, which is then never freed, as kgate-mcp never frees its own (it leaves with _Exit).
 void keep_if_in_use(const mcp::McpSession& session, std::shared_ptr<mcp::Translator> translator) {
@@ -100,6 +114,9 @@ struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
   bool keep_alive;
   json id;                     // the request's id (null: a notification or a response)
   std::string session_header;  // initialize: the new session's id, sent back in Mcp-Session-Id
+  // Runs (on the Asio thread) if the client goes away while its event stream is open: the call is
+  // cancelled then (its cell interrupted), since nobody will read its reply.
+  std::function<void()> gone;
 
   Pending(net::io_context& i, Respond r, unsigned v, bool k, json request_id)
       : ioc(i), respond(std::move(r)), version(v), keep_alive(k), id(std::move(request_id)) {}
@@ -126,6 +143,19 @@ struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
     });
   }
 
+  // The client closed the connection before the reply (Asio thread).
+  void client_gone() {
+    std::function<void()> fn;
+    {
+      std::lock_guard lk(mu);
+      if (answered) return;
+      answered = true;
+      fn = std::move(gone);
+    }
+    writer.reset();
+    if (fn) fn();
+  }
+
   // A message before the answer (a notification, a request to the client): sent on the event
   // stream, which it opens if need be. False when there is no stream to send it on.
   bool event(const json& m) {
@@ -141,6 +171,10 @@ struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
         head.keep_alive(self->keep_alive);
         if (!self->session_header.empty()) head.set("Mcp-Session-Id", self->session_header);
         self->writer = self->respond_in_parts(std::move(head));
+        if (self->writer)
+          self->writer->on_gone([weak = std::weak_ptr<Pending>(self)] {
+            if (auto s = weak.lock()) s->client_gone();
+          });
       });
     }
     net::post(ioc, [self = shared_from_this(), text = sse_event(m)]() mutable {
@@ -241,7 +275,10 @@ void McpHttp::post(Call& c) {
   const bool tool_call = request && msg["method"] == "tools/call";
   const bool as_task = tool_call && msg["params"].is_object() && msg["params"].contains("task");
   const bool streamable = tool_call && !as_task && c.respond_in_parts && accepts_event_stream(req[http::field::accept]);
-  if (streamable) p->respond_in_parts = std::move(c.respond_in_parts);
+  if (streamable) {
+    p->respond_in_parts = std::move(c.respond_in_parts);
+    p->gone = cancel_when_gone(e.session, p->id);
+  }
   mcp::Sink sink;
   if (request) {
     e.pending.erase(std::remove_if(e.pending.begin(), e.pending.end(), [](auto& w) { return w.expired(); }),
@@ -303,6 +340,7 @@ void McpHttp::stateless(Call& c, const json& msg, bool request) {
   mcp::ServerOptions opts;
   opts.client_requests = false;
   auto session = std::make_shared<mcp::McpSession>(*translator, opts);
+  if (streamable) p->gone = cancel_when_gone(session, p->id);
   auto finished = std::make_shared<std::atomic<bool>>(false);
   auto end = [translator, session, finished] {
     if (finished->exchange(true)) return;

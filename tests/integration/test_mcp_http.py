@@ -276,3 +276,33 @@ def test_stateless_progress_comes_on_an_event_stream(kgate_factory):
     assert progress and all(e["params"]["progressToken"] == "p9" for e in progress), events
     assert events[-1]["id"] == 9 and "late" in json.dumps(events[-1]["result"]), events[-1]
     kg.rest("DELETE", f"/api/kernels/{kid}")
+
+
+def test_a_call_whose_client_went_away_interrupts_its_cell(kgate_factory):
+    """A client that closes the connection before the reply (a timeout, a crash) will never read
+    it: the call is cancelled, which interrupts its cell and frees the kernel."""
+    kg = kgate_factory(token=TOKEN)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}
+    kid = kg.start_kernel()["id"]
+    code = "import time\ntime.sleep(60)"
+    body = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "execute", "arguments": {"code": code, "kernel": kid, "timeout": 120},
+                       "_meta": {**meta, "progressToken": "p5"}}}
+    conn = kg._connection(30)
+    conn.request("POST", "/mcp", json.dumps(body),
+                 {**JSON, "MCP-Protocol-Version": "2026-07-28", "Authorization": f"token {TOKEN}"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream", resp.status
+    assert b"notifications/progress" in resp.fp.readline() + resp.fp.readline() + resp.fp.readline()
+    conn.sock.close()  # gone, with the cell running
+    conn.close()
+
+    def job():
+        status, _, jobs = kg.rest("GET", "/api/kgate/jobs")
+        return next(j for j in jobs["jobs"] if j["code"] == code)
+
+    assert wait_until(lambda: job()["status"] == "interrupted", 10), job()
+    assert wait_until(lambda: kg.kernel_model(kid)["execution_state"] == "idle", 10)
+    kg.rest("DELETE", f"/api/kernels/{kid}")
