@@ -168,6 +168,17 @@ def test_interactive_input_is_answered_through_the_form(own_kgate, mcp_bin, tmp_
         rpc = protocol_log(log)
         updates = [m for d, m in rpc if d == ">" and isinstance(m, dict) and m.get("method") == "tasks/update"]
         assert updates and list(updates[0]["params"]["inputResponses"].values())[0]["action"] == "accept", updates
+        # The end of the conversation: /exit, and no kernel of its own is left 3 s after.
+        mine = kernel_ids(own_kgate)
+        assert mine, "no auto kernel was made"
+        ui.type("/exit")
+        time.sleep(0.5)
+        ui.keys("Enter")
+        assert wait_until(lambda: not ui.alive(), 30), ui.screen()
+        ended = time.monotonic()
+        assert wait_until(lambda: not (kernel_ids(own_kgate) & mine), 3), (kernel_ids(own_kgate), mine)
+        print(f"interactive /exit: the auto kernel gone {time.monotonic() - ended:.2f} s after Claude Code")
+        assert any(d == "!" for d, _ in protocol_log(log)[-3:]), protocol_log(log)[-3:]
     finally:
         ui.close()
 
