@@ -75,8 +75,11 @@ Server::Server(GatewayOptions opts)
                                              std::vector<KernelObserver*>{&jobs_, &hub_});
   if (!table.entries.empty()) {
     for (const auto& line : manager_->adopt(std::move(table.entries))) spdlog::info("{}", line);
-    for (const auto& k : manager_->list())  // listed dead: it ended while no kgate was running
+    for (const auto& k : manager_->list()) {  // listed dead: it ended while no kgate was running
       if (auto m = k->model(); m.execution_state == "dead") jobs_.lost_while_away(m.id, m.reason);
+      // An auto kernel's conversation: gone unless its kgate-mcp comes back (its link reconnects).
+      if (auto agent = k->conversation(); !agent.empty()) jobs_.expect_agent(agent);
+    }
   }
   // The sessions of the kernels re-adopted come back; the others' end with their kernels.
   sessions_ = std::make_unique<SessionStore>(state_.path() / "sessions.json");

@@ -1195,6 +1195,12 @@ std::optional<JobStore::Gone> JobStore::agent_gone(const std::string& agent) con
   return Gone{std::chrono::duration_cast<std::chrono::milliseconds>(now - since), a.label};
 }
 
+void JobStore::expect_agent(const std::string& agent) {
+  std::lock_guard lk(mu_);
+  auto [it, added] = agents_.try_emplace(agent);
+  if (added) it->second.last_seen = Clock::now();
+}
+
 void JobStore::touch_agent(const AgentRef& agent) {
   std::lock_guard lk(mu_);
   auto& a = agents_[agent.agent];

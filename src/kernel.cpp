@@ -2393,6 +2393,7 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
   e.supervisor = k.sup_name;
   e.supervisor_pid = k.sup_pid;
   e.cull_idle_timeout = k.kernel->cull_idle_timeout();
+  e.conversation = k.kernel->conversation();
   e.created_unix_ms = k.created_unix_ms;
   if (k.remote())
     e.remote = {{"launcher", launcher_to_json(*k.request.launcher)},
@@ -2534,6 +2535,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       }
       auto kernel = std::make_shared<Kernel>(e.id, e.spec);
       kernel->set_cull_idle_timeout(e.cull_idle_timeout);
+      kernel->set_conversation(e.conversation);
       auto k = std::make_unique<KernelIo>();
       k->session = m.kernel_session();
       k->kernel = kernel;

@@ -50,6 +50,7 @@ json KernelTableEntry::to_json() const {
           {"supervisor", supervisor},
           {"supervisor_pid", supervisor_pid},
           {"cull_idle_timeout_ms", cull_idle_timeout ? json(cull_idle_timeout->count()) : json(nullptr)},
+          {"conversation", conversation},
           {"created_unix_ms", created_unix_ms},
           {"last_activity_unix_ms", last_activity_unix_ms},
           {"remote", remote}};
@@ -89,6 +90,10 @@ KernelTableEntry KernelTableEntry::from_json(const json& j) {
   if (auto it = j.find("cull_idle_timeout_ms"); it != j.end() && !it->is_null()) {
     if (!it->is_number_integer()) throw std::runtime_error("cull_idle_timeout_ms is not an integer");
     e.cull_idle_timeout = std::chrono::milliseconds(it->get<std::int64_t>());
+  }
+  if (auto it = j.find("conversation"); it != j.end()) {  // optional: an earlier version-1 entry has none
+    if (!it->is_string()) throw std::runtime_error("conversation is not a string");
+    e.conversation = it->get<std::string>();
   }
   e.created_unix_ms = field(j, "created_unix_ms", json::value_t::number_integer, "an integer").get<std::int64_t>();
   if (auto it = j.find("last_activity_unix_ms"); it != j.end()) {  // optional: an earlier version-1 entry has none

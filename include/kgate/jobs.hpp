@@ -256,7 +256,10 @@ class JobStore final : public KernelObserver {
   // alive for claim_grace after that (or after its last request), in case it comes back.
   void agent_connected(const AgentRef& agent);
   void agent_disconnected(const std::string& agent, bool clean);
-  void touch_agent(const AgentRef& agent);  // any request that names the agent
+  void touch_agent(const AgentRef& agent);
+  // An agent a re-adopted kernel names (its conversation) that this kgate has not met: seen now,
+  // so it counts as gone once claim_grace passes without it coming back (agent_gone).
+  void expect_agent(const std::string& agent);  // any request that names the agent
   // How long `agent` has been gone (no longer alive, as above), with its label; nullopt while it
   // is alive, and for an agent kgate never heard of (nothing to go by: never taken for gone).
   struct Gone {

@@ -33,6 +33,9 @@ struct KernelTableEntry {
   std::string supervisor;                    // its kgate-supervise's abstract socket name
   int supervisor_pid = 0;                    // that kgate-supervise's pid (0: not recorded, an older entry)
   std::optional<std::chrono::milliseconds> cull_idle_timeout;
+  // The agent whose conversation made it as its auto kernel ("" for none): the next kgate stops it
+  // once that agent is gone, as this one would have (README "The end of a conversation").
+  std::string conversation;
   std::int64_t created_unix_ms = 0;          // when the kernel was started (wall clock)
   // Its last activity, saved when kgate left it running (SIGTERM); 0 = not known (a kgate that
   // was killed saved none): the next kgate's cull clock then starts at the re-adoption.

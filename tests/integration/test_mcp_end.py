@@ -170,3 +170,35 @@ def test_an_attached_or_kept_auto_kernel_outlives_its_killed_conversation(quick_
     assert wait_until(lambda: attached not in kernel_ids(kg), 15), kg.log_tail()
     assert kept in kernel_ids(kg)
     kg.delete_kernel(kept)
+
+
+def test_the_auto_kernel_mark_outlives_a_kgate_restart(quick_orphans, kgate_bin, mcp_bin, tmp_path):  # noqa: F811
+    """kgate restarts (SIGTERM, as systemd does on an upgrade) and re-adopts an auto kernel: the
+    kernel is still its conversation's. While that kgate-mcp lives (its link reconnects) the
+    kernel stays; once it is gone, the next kgate stops the kernel as the first would have."""
+    from conftest import Kgate
+    kg = quick_orphans
+    cfg = tmp_path / "kgate.toml"
+    p = Mcp(mcp_bin, tmp_path / "a", {"KGATE_URL": kg.url})
+    kid = auto_kernel_of(kg, p, 1)
+    q = Mcp(mcp_bin, tmp_path / "b", {"KGATE_URL": kg.url})
+    kid_q = auto_kernel_of(kg, q, 1)
+    port = kg.port
+    kg.stop(sig=signal.SIGTERM, sweep=False)  # the kernels go on
+    q.proc.kill()  # this conversation dies while no kgate runs: the next one never meets it
+    q.proc.wait()
+    kg2 = Kgate(kgate_bin, kg.root, config=cfg, port=port).start()
+    try:
+        assert wait_until(lambda: kid_q not in kernel_ids(kg2), 15), kg2.log_tail()
+        assert kg2.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("kgate_conversation", "").startswith("kgate-mcp-")
+        time.sleep(4)  # past claim_grace + auto_kernel_grace: the link came back, so it stays
+        assert kid in kernel_ids(kg2), kg2.log_tail()
+        call(p, 2, "execute", code="print(x)")
+        assert p.reply(2, timeout=60)["result"]["content"][-1]["text"].strip() == "1"
+        p.proc.kill()
+        p.proc.wait()
+        assert wait_until(lambda: kid not in kernel_ids(kg2), 15), kg2.log_tail()
+        assert any("auto kernel of a conversation that ended" in ln for ln in kg2.log_lines), kg2.log_tail()
+    finally:
+        kg2.cleanup_kernels()
+        kg2.stop()
