@@ -325,7 +325,10 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
       auto k = server.manager().get(id);
       if (!k) return;  // it failed meanwhile: the start's answer is on its way
       *answered = true;
-      if (!conversation.empty()) k->set_conversation(conversation);
+      if (!conversation.empty()) {
+        k->set_conversation(conversation);
+        server.manager().remember(id);
+      }
       server.admitted(id);
       if (!chosen_id.empty()) server.reserve_kernel_id(chosen_id, false);
       Request fake;
@@ -341,7 +344,10 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
                              conversation] {
       if (*answered) return;  // answered 202 already; the kernel's model tells the rest
       *answered = true;
-      if (r.kernel && !conversation.empty()) r.kernel->set_conversation(conversation);
+      if (r.kernel && !conversation.empty()) {
+        r.kernel->set_conversation(conversation);
+        server.manager().remember(r.kernel->id());
+      }
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);

@@ -697,6 +697,7 @@ void kgate_kernel_keep(Call& c) {
   if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   if (!k->conversation().empty()) spdlog::info("kernel {}: kept past its conversation", k->id());
   k->set_conversation("");
+  c.server.manager().remember(k->id());
   c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
 }
 

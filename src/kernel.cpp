@@ -2724,6 +2724,13 @@ void KernelManager::hand_out(const std::string& id, HandOut h, std::function<voi
   });
 }
 
+void KernelManager::remember(const std::string& id) {
+  impl_->post([this, id] {
+    KernelIo* k = impl_->find(id);
+    if (k && k->phase == Phase::ready && !k->kernel->pooled()) impl_->save_entry(*k);
+  });
+}
+
 void KernelManager::shutdown(const std::string& id, std::function<void(bool)> done) {
   impl_->post([this, id, done = std::move(done)]() mutable {
     KernelIo* k = impl_->find(id);

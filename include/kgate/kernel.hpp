@@ -350,6 +350,9 @@ class KernelManager {
   // The others (pooled, starting, restarting, direct children) are left for shutdown_all().
   // Returns how many were let go.
   std::size_t detach_all();
+  // Writes the kernel's table entry again (its conversation mark changed), if it is ready: the
+  // next kgate re-adopts it as it is now, even after a kill -9.
+  void remember(const std::string& id);
 
   // Re-adopts kernels that outlived an earlier kgate (DEV.md §4e), from its kernel table: each
   // one's supervisor is reached and must still hold the same process (pid and start time); the

@@ -202,3 +202,31 @@ def test_the_auto_kernel_mark_outlives_a_kgate_restart(quick_orphans, kgate_bin,
     finally:
         kg2.cleanup_kernels()
         kg2.stop()
+
+
+def test_the_auto_kernel_mark_outlives_a_killed_kgate(quick_orphans, kgate_bin, mcp_bin, tmp_path):  # noqa: F811
+    """The same after kill -9 of kgate: the table entry was written again when the mark was set,
+    so the next kgate still knows whose auto kernel it is; a kept kernel stays kept."""
+    from conftest import Kgate
+    kg = quick_orphans
+    cfg = tmp_path / "kgate.toml"
+    p = Mcp(mcp_bin, tmp_path / "a", {"KGATE_URL": kg.url})
+    kid = auto_kernel_of(kg, p, 1)
+    q = Mcp(mcp_bin, tmp_path / "b", {"KGATE_URL": kg.url})
+    kept = auto_kernel_of(kg, q, 1)
+    call(q, 2, "connect", kernel=kept)
+    assert "no longer the auto kernel" in q.reply(2, timeout=30)["result"]["content"][0]["text"]
+    time.sleep(0.5)  # the entries are written on kgate's kernel thread
+    kg.proc.kill()  # no leaving of its own: the kernels go on, with the entries as they were
+    kg.proc.wait()
+    for m in (p, q):
+        m.proc.kill()
+        m.proc.wait()
+    kg2 = Kgate(kgate_bin, kg.root, config=cfg).start()
+    try:
+        assert wait_until(lambda: kid not in kernel_ids(kg2), 20), kg2.log_tail()
+        time.sleep(2)
+        assert kept in kernel_ids(kg2), kg2.log_tail()
+    finally:
+        kg2.cleanup_kernels()
+        kg2.stop()
