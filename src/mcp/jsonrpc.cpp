@@ -572,6 +572,8 @@ struct McpSession::Impl {
   bool tasks_offered(const Era& era) const { return !era.modern && era.version == kTasksVersion; }
   std::shared_ptr<TaskState> find_task(const json& id, const json& params);
   void tasks_request(const json& id, const std::string& method, const json& params, const Era& era);
+  // tasks/cancel's work on a task's call (null: it had ended): cancelled, and the tool told.
+  void cancel_task_call(const std::shared_ptr<CallState>& call, const std::string& task);
   // The tasks extension (2026-07-28): tasks/get, tasks/update, tasks/cancel.
   void extension_tasks_request(const json& id, const std::string& method, const json& params, const Era& era);
   void cancel(const json& params);
@@ -1091,6 +1093,11 @@ void McpSession::Impl::tasks_request(const json& id, const std::string& method, 
     call = t->call;
     state = t->to_json();
   }
+  cancel_task_call(call, t->id);
+  send(make_result(id, std::move(state)));
+}
+
+void McpSession::Impl::cancel_task_call(const std::shared_ptr<CallState>& call, const std::string& task) {
   if (call) {
     {
       std::lock_guard lock(call->mutex);
@@ -1099,11 +1106,10 @@ void McpSession::Impl::tasks_request(const json& id, const std::string& method, 
     try {
       handler.cancelled(call->call);
     } catch (const std::exception& e) {
-      log().error("task {}: the tool's cancel hook failed: {}", t->id, e.what());
+      log().error("task {}: the tool's cancel hook failed: {}", task, e.what());
     }
   }
-  log().info("task {} cancelled by the client", t->id);
-  send(make_result(id, std::move(state)));
+  log().info("task {} cancelled by the client", task);
 }
 
 void McpSession::Impl::extension_tasks_request(const json& id, const std::string& method, const json& params,
@@ -1159,18 +1165,7 @@ void McpSession::Impl::extension_tasks_request(const json& id, const std::string
       t->answered.notify_all();
     }
   }
-  if (call) {
-    {
-      std::lock_guard lock(call->mutex);
-      call->call.cancelled = true;
-    }
-    try {
-      handler.cancelled(call->call);
-    } catch (const std::exception& e) {
-      log().error("task {}: the tool's cancel hook failed: {}", t->id, e.what());
-    }
-    log().info("task {} cancelled by the client", t->id);
-  }
+  if (call) cancel_task_call(call, t->id);
   send(make_result(id, complete(json::object(), era)));
 }
 
