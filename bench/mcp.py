@@ -307,7 +307,7 @@ def threads(pid):
 
 def run_direct_history(env, cwd):
     """The raw ZMQ client (bench/wsclient.py direct) with store_history=True in every
-    execute_request, as kgate's agent path asks for (src/jobs.cpp): 20 warm-ups, then N timed."""
+    execute_request, as kgate's agent path asks for (src/records/jobs.cpp): 20 warm-ups, then N timed."""
     return bench.run_client(env, cwd, ["direct", N, "--store-history"], 120)
 
 

@@ -11,10 +11,10 @@ find_package(Boost 1.74 REQUIRED COMPONENTS system)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus>=3.2)
 pkg_check_modules(STB REQUIRED IMPORTED_TARGET stb)
 find_package(simdjson 3.0 REQUIRED)
-# URLs of gateways (src/client/endpoint.cpp) and query strings (gateway/api.cpp): RFC 3986.
+# URLs of gateways (src/client/endpoint.cpp) and query strings (gateway/api/api.cpp): RFC 3986.
 pkg_check_modules(URIPARSER REQUIRED IMPORTED_TARGET liburiparser>=0.9)
 find_package(LibXml2 2.9 REQUIRED)  # kgate-mcp: HTML outputs as readable text (translator/render.cpp)
-# sd_notify readiness for `Type=notify` units (gateway/service.cpp); macOS has no systemd.
+# sd_notify readiness for `Type=notify` units (gateway/cli/service.cpp); macOS has no systemd.
 if(NOT APPLE)
   pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 endif()

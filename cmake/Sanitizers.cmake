@@ -1,4 +1,4 @@
-# kgate_sanitizers: an INTERFACE target every kgate target links (through kgate_proto).
+# kgate_sanitizers: an INTERFACE target every kgate target links (through kgate_jupyter).
 #   KGATE_ENABLE_SANITIZERS  ASan + UBSan (LeakSanitizer comes with ASan on Linux); any UB aborts.
 #   KGATE_ENABLE_TSAN        ThreadSanitizer instead (it cannot be combined with ASan).
 #   KGATE_FUZZ               clang only: coverage for libFuzzer in every target, and the fuzz

@@ -13,8 +13,8 @@
 
 #include <toml++/toml.h>
 
-#include "api.hpp"  // is_loopback_address
-#include "kgate/connection.hpp"
+#include "api/api.hpp"  // is_loopback_address
+#include "kgate/jupyter/connection.hpp"
 
 namespace kgate::gw {
 

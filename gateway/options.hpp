@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "kgate/jobs.hpp"
-#include "kgate/kernel.hpp"
+#include "kgate/records/jobs.hpp"
+#include "kgate/kernel/kernel.hpp"
 
 namespace kgate::gw {
 

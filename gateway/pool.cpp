@@ -6,8 +6,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kgate/kernelspec.hpp"
-#include "kgate/process.hpp"
+#include "kgate/jupyter/kernelspec.hpp"
+#include "kgate/process/process.hpp"
 #include "server.hpp"
 
 namespace kgate::gw {

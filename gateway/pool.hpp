@@ -16,8 +16,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kgate/kernel.hpp"
-#include "net.hpp"
+#include "kgate/kernel/kernel.hpp"
+#include "http/net.hpp"
 
 namespace kgate::gw {
 

@@ -10,11 +10,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include "api.hpp"
+#include "api/api.hpp"
 #include "config.hpp"
-#include "http_session.hpp"
-#include "service.hpp"
-#include "stream.hpp"
+#include "http/http_session.hpp"
+#include "cli/service.hpp"
+#include "http/stream.hpp"
 
 namespace kgate::gw {
 

@@ -12,14 +12,14 @@
 
 #include <boost/asio/signal_set.hpp>
 
-#include "hub.hpp"
-#include "jobs_api.hpp"
-#include "kgate/discovery.hpp"
-#include "kgate/jobs.hpp"
-#include "kgate/state_dir.hpp"
-#include "listener.hpp"
-#include "mcp_http.hpp"
-#include "net.hpp"
+#include "ws/hub.hpp"
+#include "api/jobs_api.hpp"
+#include "kgate/discovery/discovery.hpp"
+#include "kgate/records/jobs.hpp"
+#include "kgate/jupyter/state_dir.hpp"
+#include "http/listener.hpp"
+#include "api/mcp_http.hpp"
+#include "http/net.hpp"
 #include "options.hpp"
 #include "pool.hpp"
 #include "sessions.hpp"

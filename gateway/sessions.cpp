@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "kgate/connection.hpp"
+#include "kgate/jupyter/connection.hpp"
 
 namespace kgate::gw {
 

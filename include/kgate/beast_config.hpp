@@ -11,7 +11,7 @@
 #pragma once
 
 #ifdef BOOST_BEAST_WEBSOCKET_DETAIL_UTF8_CHECKER_HPP
-#error "include gateway/net.hpp before any Boost.Beast websocket header"
+#error "include gateway/http/net.hpp before any Boost.Beast websocket header"
 #endif
 #define BOOST_BEAST_WEBSOCKET_DETAIL_UTF8_CHECKER_HPP
 

@@ -12,8 +12,8 @@
 
 #include <unistd.h>
 
-#include "kgate/connection.hpp"
-#include "kgate/state_dir.hpp"
+#include "kgate/jupyter/connection.hpp"
+#include "kgate/jupyter/state_dir.hpp"
 
 namespace kgate::client {
 

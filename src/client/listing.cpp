@@ -23,7 +23,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 
-#include "kgate/utf8.hpp"
+#include "kgate/jupyter/utf8.hpp"
 
 namespace kgate::client {
 

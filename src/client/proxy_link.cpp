@@ -6,10 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kgate/connection.hpp"
+#include "kgate/jupyter/connection.hpp"
 #include "connect.hpp"
 #include "kgate/client/websocket.hpp"
-#include "kgate/ws_codec.hpp"
+#include "kgate/jupyter/ws_codec.hpp"
 
 namespace kgate::client::proxy {
 

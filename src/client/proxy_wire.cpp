@@ -2,7 +2,7 @@
 #include "kgate/client/proxy_wire.hpp"
 #include "kgate/client/listing.hpp"
 
-#include "kgate/ws_codec.hpp"
+#include "kgate/jupyter/ws_codec.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -20,7 +20,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 
-#include "api.hpp"
+#include "api/api.hpp"
 #include "server.hpp"
 
 namespace fs = std::filesystem;

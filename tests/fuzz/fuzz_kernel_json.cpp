@@ -8,8 +8,8 @@
 #include <fstream>
 #include <string>
 
-#include "kgate/connection.hpp"
-#include "kgate/kernelspec.hpp"
+#include "kgate/jupyter/connection.hpp"
+#include "kgate/jupyter/kernelspec.hpp"
 
 namespace fs = std::filesystem;
 

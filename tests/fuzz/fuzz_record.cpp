@@ -17,8 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "kgate/jobs.hpp"
-#include "kgate/utf8.hpp"
+#include "kgate/records/jobs.hpp"
+#include "kgate/jupyter/utf8.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace {
 

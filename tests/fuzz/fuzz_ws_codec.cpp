@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kgate/ws_codec.hpp"
+#include "kgate/jupyter/ws_codec.hpp"
 
 namespace {
 

@@ -1,6 +1,6 @@
-"""The kernel side of startup.py and inspectors.py (src/mcp/py/*.py).
+"""The kernel side of startup.py and inspectors.py (translator/mcp/py/*.py).
 
-kgate-mcp sends src/mcp/py/startup_wrapper.py and install_inspectors.py to a new kernel
+kgate-mcp sends translator/mcp/py/startup_wrapper.py and install_inspectors.py to a new kernel
 as execute requests, with two placeholders replaced by JSON string literals.  These tests
 do the same substitution and send the cells to a real ipykernel started with
 jupyter_client's KernelManager, so they need neither kgate nor kgate-mcp.
@@ -15,7 +15,7 @@ import pytest
 from jupyter_client.manager import KernelManager
 
 REPO = Path(__file__).resolve().parents[2]
-PY_DIR = REPO / "src" / "mcp" / "py"
+PY_DIR = REPO / "translator" / "mcp" / "py"
 WRAPPER = PY_DIR / "startup_wrapper.py"
 INSTALLER = PY_DIR / "install_inspectors.py"
 PLACEHOLDER_RE = re.compile(r"__KGATE_(SOURCE|PATH)__")

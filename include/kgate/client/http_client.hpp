@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kgate/client/endpoint.hpp"
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace boost::asio::ssl {
 class context;

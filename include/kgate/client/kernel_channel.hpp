@@ -16,7 +16,7 @@
 
 #include "kgate/client/endpoint.hpp"
 #include "kgate/client/outputs.hpp"
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace kgate::client {
 

@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "kgate/client/http_client.hpp"
-#include "kgate/kernel.hpp"
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/messages.hpp"
+#include "kgate/jupyter/wire.hpp"
 #include "kgate/client/proxy_wire.hpp"
 
 namespace kgate::client::proxy {

@@ -5,8 +5,8 @@
 #include <string>
 #include <string_view>
 
-#include "kgate/kernel.hpp"
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/messages.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace kgate::client::proxy {
 

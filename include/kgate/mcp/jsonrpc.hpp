@@ -4,7 +4,7 @@
 // (initialize, ping, server/discover, tools/list, errors) and passes each tools/call to the
 // ToolHandler on a thread of its own. StdioServer carries one over stdio (kgate-mcp): one
 // message per line from `in`, one per line to `out`. kgate's /mcp carries them over HTTP
-// (gateway/mcp_http.cpp).
+// (gateway/api/mcp_http.cpp).
 //
 // Protocol eras (MCP):
 // - legacy (2025-03-26, 2025-06-18, 2025-11-25): `initialize` picks the version. Requests that
@@ -43,7 +43,7 @@
 #include <string>
 #include <string_view>
 
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace kgate::mcp {
 

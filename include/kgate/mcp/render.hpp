@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kgate/mcp/client.hpp"
-#include "kgate/wire.hpp"
+#include "kgate/jupyter/wire.hpp"
 
 namespace kgate::mcp {
 

@@ -1,0 +1,52 @@
+// The kgate extensions: job records, the agent path, claims, the digest, the notebook export,
+// the agent liveness websocket and the observe page (README "Session records").
+//
+// Threading: the handlers and Waiters run on the gateway's Asio thread; the JobStore they read
+// is shared with the kernel I/O thread under its own lock.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/api.hpp"
+#include "http/net.hpp"
+
+namespace kgate::gw {
+
+// Requests waiting for the records to change (a job to end, a long poll).  Each has a deadline;
+// a change in the store re-checks them all.  Bounded: past `max` a wait is refused (503).
+class Waiters {
+ public:
+  Waiters(net::io_context& ioc, std::size_t max) : ioc_(ioc), max_(max) {}
+  // Calls `done` once, when `ready()` is true (now or after a change) or at the deadline.
+  // False (and `done` not called) when `max` waits are pending.
+  bool add(std::chrono::milliseconds timeout, std::function<bool()> ready, std::function<void()> done);
+  void poke();  // the store changed
+  void cancel_all();
+  std::size_t size() const { return waits_.size(); }
+
+ private:
+  struct Wait {
+    net::steady_timer timer;
+    std::function<bool()> ready;
+    std::function<void()> done;
+    bool fired = false;
+    explicit Wait(net::io_context& ioc) : timer(ioc) {}
+  };
+  void fire(const std::shared_ptr<Wait>& w);
+
+  net::io_context& ioc_;
+  std::size_t max_;
+  std::list<std::shared_ptr<Wait>> waits_;
+};
+
+// GET {base}observe: the observe page.
+Response observe_page(const Request& req);
+// The shell command that attaches qtconsole / jupyter console to a kernel's connection file.
+std::string attach_command(const kgate::KernelSpec& spec, const std::string& connection_file);
+
+}  // namespace kgate::gw

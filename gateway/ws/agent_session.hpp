@@ -1,0 +1,36 @@
+// The agent's liveness connection: GET {base}api/kgate/agent?agent=A&label=L (websocket).
+//
+// kgate-mcp holds it open while it has a current kernel; the claim of an agent lasts while it
+// is open, and for claim_grace after it dropped without a close frame.  A close with code 1000
+// means the agent exited: its claim is free at once.  Lives on the Asio thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kgate/records/jobs.hpp"
+#include "http/stream.hpp"
+
+namespace kgate::gw {
+
+class Server;
+
+class AgentSession : public std::enable_shared_from_this<AgentSession> {
+ public:
+  AgentSession(Stream stream, Server& server, AgentRef agent);
+  void run(http::request<http::string_body> req);
+
+ private:
+  void on_accept(beast::error_code ec);
+  void do_read();
+  void on_read(beast::error_code ec, std::size_t n);
+
+  std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
+  Server& server_;
+  AgentRef agent_;
+  beast::flat_buffer rbuf_;
+  std::string hello_;
+  bool connected_ = false;
+};
+
+}  // namespace kgate::gw

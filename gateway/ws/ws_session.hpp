@@ -1,0 +1,77 @@
+// One websocket connection to /api/kernels/{id}/channels.
+//
+// Threading: lives on the gateway's single Asio thread, like the hub.  Writes: one
+// async_write at a time from `queue_`, bounded by GatewayOptions::client_queue_bytes and
+// client_queue_messages.  Past that bound a slow reader's messages wait in `spill_`, bounded
+// by replay_bytes/replay_messages (the oldest dropped and counted); they move into the queue
+// as it drains, so order is kept and nothing is sent twice.  If the spill had to drop, the
+// client gets a "[kgate] N message(s) dropped" stderr note where the gap is.  Nothing is
+// dropped while the client keeps up; the connection is never closed for being slow (a client
+// that stops answering pings is closed by the websocket idle timeout, and its unsent
+// messages go to its session's replay buffer).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "ws/hub.hpp"
+#include "http/stream.hpp"
+
+namespace kgate::gw {
+
+class Server;
+
+class WsSession final : public WsClient, public std::enable_shared_from_this<WsSession> {
+ public:
+  WsSession(Stream stream, Server& server, KernelPtr kernel, std::string session_id);
+  ~WsSession() override;
+
+  // Completes the handshake for `req` (already authorised), then reads and writes.
+  void run(http::request<http::string_body> req);
+
+  void deliver(const OutPtr& m) override;
+  Unsent replace() override;
+  void kernel_gone(const std::string& why) override;
+
+ private:
+  void on_accept(beast::error_code ec);
+  void do_read();
+  void on_read(beast::error_code ec, std::size_t n);
+  void send_error(const std::string& text);
+  void do_write();
+  void on_write(beast::error_code ec, std::size_t n);
+  void close(websocket::close_code code, const std::string& reason);
+  void finish();  // the connection is over: closes it, then detach() (at once, or after the write in flight)
+  void detach();  // from the hub, exactly once, with what was not sent
+
+  std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
+  Server& server_;
+  KernelPtr kernel_;
+  std::string session_id_;
+  std::string route_;
+  WsProtocol proto_ = WsProtocol::legacy;
+  beast::flat_buffer rbuf_;
+  void refill();
+  Unsent take_unsent();
+  bool fits(const OutPtr& m) const;
+
+  std::deque<OutPtr> queue_;  // front is being written while writing_
+  std::size_t queued_bytes_ = 0;
+  std::deque<OutPtr> spill_;  // waiting for room in queue_
+  std::size_t spill_bytes_ = 0;
+  std::size_t spill_dropped_ = 0;
+  std::size_t spill_dropped_bytes_ = 0;
+  bool warned_slow_ = false;
+  bool writing_ = false;
+  bool attached_ = false;  // owns its route in the hub (false once replaced)
+  bool counted_ = false;   // the hub counts this connection: detach() exactly once
+  bool closing_ = false;
+  bool finished_ = false;
+  bool detached_ = false;  // deliver() queues nothing more
+  bool close_sent_ = false;
+  websocket::close_code close_code_ = websocket::close_code::normal;
+  std::string close_reason_;
+};
+
+}  // namespace kgate::gw

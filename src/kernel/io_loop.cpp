@@ -1,0 +1,430 @@
+// The kernel runtime: messages to and from kernels, and the one poll loop of kgate-io (DEV.md §3, §5).
+#include "kernel_impl.hpp"
+
+namespace kgate {
+
+// ---------------------------------------------------------------------------------------
+// Messages
+
+// Only *_request messages get a reply; comm_open/comm_msg/comm_close and input_reply do not,
+// so tracking them would fill the pending table.
+static bool expects_reply(const ClientMessage& m) {
+  static constexpr std::string_view suffix = "_request";
+  return (m.channel == Channel::shell || m.channel == Channel::control) &&
+         m.msg_type.size() > suffix.size() &&
+         m.msg_type.compare(m.msg_type.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
+  if (expects_reply(m)) {
+    if (k.pending.size() >= opts.max_pending) {
+      refuse(k, m, "TooManyRequests",
+             "kgate: " + std::to_string(opts.max_pending) +
+                 " requests to this kernel are awaiting replies; wait for some to finish");
+      return;
+    }
+  }
+  zmq::socket_t* s = nullptr;
+  switch (m.channel) {
+    case Channel::shell: s = k.shell.get(); break;
+    case Channel::control: s = k.control.get(); break;
+    case Channel::stdin_: s = k.stdin_.get(); break;
+    case Channel::iopub: return;  // clients do not publish
+  }
+  if (!s) {
+    refuse(k, m, "KernelNotRunning", "kgate: the kernel is not running");
+    return;
+  }
+  k.recheck |= KernelIo::bit(m.channel);
+  if (!send_frames(*s, encode(m.wire, *k.signer))) {
+    refuse(k, m, "KernelBusy", "kgate: the kernel's " + std::string(channel_name(m.channel)) +
+                                   " queue is full; try again");
+    return;
+  }
+  if (expects_reply(m)) {
+    k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
+    if (m.channel == Channel::control) k.remember_control(m.msg_id);
+  }
+  k.kernel->touch();  // a client's message is activity too (idle culling)
+  if (!k.kernel->pooled())
+    for (auto* o : observers) o->on_client_message(k.kernel, m);
+}
+
+void KernelManager::Impl::refuse(KernelIo& k, const ClientMessage& m, const std::string& ename,
+                                 const std::string& evalue) {
+  if (!expects_reply(m)) {
+    spdlog::warn("kernel {}: dropped {} from {}: {}", k.kernel->id(), m.msg_type, m.route, evalue);
+    return;
+  }
+  KernelMessage r = synthesize_message(
+      m.channel, reply_type(m.msg_type), k.session, m.wire.header,
+      json{{"status", "error"}, {"ename", ename}, {"evalue", evalue}, {"traceback", json::array()}});
+  r.route = m.route;
+  r.parent_msg_id = m.msg_id;
+  deliver(k, std::move(r));
+}
+
+void KernelManager::Impl::fail_pending(KernelIo& k, const std::string& ename,
+                                       const std::string& evalue) {
+  auto pending = std::move(k.pending);
+  k.pending.clear();
+  for (auto& [id, p] : pending) {
+    ClientMessage m;
+    m.channel = p.channel;
+    m.msg_id = id;
+    m.msg_type = p.msg_type;
+    m.route = p.route;
+    m.wire.header = p.header;
+    refuse(k, m, ename, evalue);
+  }
+  k.internal.clear();
+  auto calls = std::move(k.side_calls);
+  k.side_calls.clear();
+  for (auto& [id, done] : calls) done(std::nullopt);
+}
+
+void KernelManager::Impl::broadcast_status(KernelIo& k, const std::string& state) {
+  deliver(k, synthesize_message(Channel::iopub, "status", k.session, "{}",
+                                json{{"execution_state", state}}));
+}
+
+void KernelManager::Impl::lifecycle(KernelIo& k, KernelLifecycle ev, const std::string& reason) {
+  if (k.kernel->pooled()) return;  // nobody knows of it yet
+  for (auto* o : observers) o->on_kernel_lifecycle(k.kernel, ev, reason);
+}
+
+void KernelManager::Impl::deliver(KernelIo& k, KernelMessage&& m) {
+  if (k.kernel->pooled()) return;  // its startup and hand-out chatter is kgate's own
+  auto msg = std::make_shared<const KernelMessage>(std::move(m));
+  for (auto* o : observers) o->on_kernel_message(k.kernel, msg);
+}
+
+void KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch) {
+  DecodeLimits limits;
+  limits.max_message_bytes = opts.max_message_bytes;
+  // Bounded per pass so one flooding kernel cannot starve the others; what is left is read on
+  // the next pass (recheck: the socket's ZMQ_FD will not signal it again).
+  for (int n = 0;; ++n) {
+    if (n == 256) {
+      k.recheck |= KernelIo::bit(ch);
+      return;
+    }
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t part;
+      auto r = sock.recv(part, zmq::recv_flags::dontwait);
+      if (!r) break;
+      bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) break;
+    }
+    if (parts.empty()) return;
+    std::vector<std::string_view> frames;
+    frames.reserve(parts.size());
+    for (auto& p : parts) frames.emplace_back(static_cast<const char*>(p.data()), p.size());
+    KernelMessage m;
+    m.channel = ch;
+    if (auto ec = decode(frames, *k.signer, m.wire, limits)) {
+      ++dropped_invalid;
+      spdlog::warn("kernel {}: dropped a message on {}: {} ({} dropped so far)", k.kernel->id(),
+                   channel_name(ch), ec.message(), dropped_invalid);
+      continue;
+    }
+    m.wire.identities.clear();
+    // A kernel may send bytes that are not UTF-8 (ipykernel packs with surrogateescape, so a str
+    // holding '\udcff' goes out as the byte 0xFF). Past the signature check, every JSON part is
+    // made valid here, once, so no reader downstream (the records, the websocket clients' text
+    // frames, the JSON parsers) ever sees an invalid byte; binary buffers stay as they are.
+    for (std::string* part : {&m.wire.header, &m.wire.parent_header, &m.wire.metadata, &m.wire.content})
+      make_valid_utf8(*part);
+    MessageIds ids;
+    if (!read_message_ids(m.wire.header, m.wire.parent_header, ids)) continue;
+    m.msg_id = std::move(ids.msg_id);
+    m.msg_type = std::move(ids.msg_type);
+    m.parent_msg_id = std::move(ids.parent_msg_id);
+    // The KernelIo may be removed while handling (a dead kernel); stop reading then.
+    auto id = k.kernel->id();
+    handle_message(k, ch, std::move(m));
+    if (!find(id) || !k.sockets_open()) return;
+  }
+}
+
+bool KernelManager::Impl::answer_side_call(KernelIo& k, const KernelMessage& m) {
+  auto call = k.side_calls.find(m.parent_msg_id);
+  if (call == k.side_calls.end()) return false;
+  auto done = std::move(call->second);
+  k.side_calls.erase(call);
+  json content = json::parse(m.wire.content, nullptr, false);
+  done(content.is_object() ? std::optional<json>(std::move(content)) : std::nullopt);
+  return true;
+}
+
+void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&& m) {
+  // A culled kernel's clients were told it is dead: what it says while it exits (the busy and
+  // idle around shutdown_request, a cell's last output) is not passed on.  Its requests were
+  // answered by fail_pending, and shutdown_reply is kgate's own.
+  if (k.culled) {
+    if (ch != Channel::iopub && k.internal.erase(m.parent_msg_id)) answer_side_call(k, m);  // the close's
+    return;
+  }
+  if (ch == Channel::iopub) {
+    // kgate's own requests to a re-adopted kernel (readiness, the history probe) are not
+    // activity: its cull clock goes on from what the kgate before saved.
+    const bool ours = k.readiness_ids.count(m.parent_msg_id) ||
+                      (!k.quiet_parent.empty() && m.parent_msg_id == k.quiet_parent);
+    if (!k.adopted && !ours) k.kernel->touch();
+    if (m.msg_type == "status") {
+      bool control_parent = std::find(k.recent_control.begin(), k.recent_control.end(),
+                                      m.parent_msg_id) != k.recent_control.end();
+      json content = json::parse(m.wire.content, nullptr, false);
+      std::string state = content.is_object() ? content.value("execution_state", "") : "";
+      // The busy/idle around a control request says nothing about the shell: skip it.
+      if (k.phase == Phase::ready && !control_parent && !k.readiness_ids.count(m.parent_msg_id) &&
+          (state == "busy" || state == "idle"))
+        k.kernel->set_state(state);
+      if (k.handout && state == "idle" && m.parent_msg_id == k.handout->msg_id) {
+        k.handout->idle = true;
+        deliver(k, std::move(m));  // pooled still: goes nowhere
+        check_handout(k);
+        return;
+      }
+    }
+    if (k.phase == Phase::launching || k.phase == Phase::restarting) {
+      k.iopub_seen = true;
+      check_ready(k);
+    }
+    if (k.relinking) relinked(k);
+    if (m.msg_type == "kgate_event") return kernel_side_event(k, m);
+    deliver(k, std::move(m));
+    return;
+  }
+  if (ch == Channel::stdin_) {
+    auto it = k.pending.find(m.parent_msg_id);
+    if (it == k.pending.end()) {
+      spdlog::warn("kernel {}: {} for an unknown request {}; dropped", k.kernel->id(), m.msg_type,
+                   m.parent_msg_id);
+      return;
+    }
+    m.route = it->second.route;
+    deliver(k, std::move(m));
+    return;
+  }
+  // shell / control replies
+  if (k.internal.erase(m.parent_msg_id)) {
+    if (!k.history_probe.empty() && m.parent_msg_id == k.history_probe) {
+      k.history_probe.clear();
+      if (k.phase == Phase::ready && k.kernel->execution_state() == "busy") k.kernel->set_state("idle");
+      for (auto* o : observers) o->on_kernel_readopted(k.kernel, m.wire.content);
+      if (k.hold_shell) release_shell(k);
+      return;
+    }
+    if (answer_side_call(k, m)) return;
+    if (!k.side_install.empty() && m.parent_msg_id == k.side_install) {
+      k.side_install.clear();
+      json side = kernel_side_from_reply(json::parse(m.wire.content, nullptr, false));
+      if (!side.value("installed", false))
+        spdlog::warn("kernel {}: kgate's kernel side is off: {}", k.kernel->id(), side.value("reason", ""));
+      // The task that runs now (a re-adopted kernel's, started under the kgate before): the
+      // records keep its job running, and end any other task's whose end was not heard.
+      const bool says = side.contains("running_task");
+      json running = side.value("running_task", json());
+      side.erase("running_task");
+      k.task = running.is_string() ? running.get<std::string>() : std::string();
+      if (!k.task.empty()) spdlog::info("kernel {}: its background task {} still runs", k.kernel->id(), k.task);
+      k.kernel->set_kernel_side(std::move(side));
+      if (says) {
+        json event = {{"event", "task_running"}, {"request", k.task}};
+        for (auto* o : observers) o->on_kernel_side_event(k.kernel, event);
+      }
+      return;
+    }
+    if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
+      json info = json::parse(m.wire.content, nullptr, false);
+      if (info.is_object()) k.implementation = info.value("implementation", "");
+      k.ready_reply = true;
+      check_ready(k);
+      if ((k.phase == Phase::launching || k.phase == Phase::restarting) && !k.iopub_seen) {
+        // The kernel answers, but its busy/idle went out before our SUB was live: ask again
+        // soon (the kernel is up now) instead of at the 500 ms resend.
+        auto id = k.kernel->id();
+        auto epoch = k.epoch;
+        auto seq = k.info_seq;
+        after(std::chrono::milliseconds(20), [this, id, epoch, seq] {
+          KernelIo* kk = find(id);
+          if (kk && kk->epoch == epoch && kk->info_seq == seq && !kk->iopub_seen) send_kernel_info(*kk);
+        });
+      }
+    }
+    if (k.handout && m.parent_msg_id == k.handout->msg_id) {
+      json content = json::parse(m.wire.content, nullptr, false);
+      std::string status = content.is_object() ? content.value("status", "") : "";
+      if (status != "ok") {
+        std::string what = content.is_object() ? content.value("ename", "") + ": " + content.value("evalue", "")
+                                               : "an unreadable reply";
+        k.handout->error = "applying cwd/env to the pooled kernel failed (" + what + ")";
+      }
+      k.handout->replied = true;
+      check_handout(k);
+    }
+    return;
+  }
+  auto it = k.pending.find(m.parent_msg_id);
+  if (it == k.pending.end()) {
+    spdlog::debug("kernel {}: {} for an unknown request {}; dropped", k.kernel->id(), m.msg_type,
+                  m.parent_msg_id);
+    return;
+  }
+  m.route = it->second.route;
+  k.pending.erase(it);
+  deliver(k, std::move(m));
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop
+
+void KernelManager::Impl::run() {
+  while (true) {
+    std::deque<std::function<void()>> work;
+    {
+      std::lock_guard lk(qmu);
+      work.swap(queue);
+    }
+    for (auto& fn : work) fn();
+    while (!timers.empty() && timers.top().when <= Clock::now()) {
+      auto fn = timers.top().fn;
+      timers.pop();
+      fn();
+    }
+    if (stopping.load() && io.empty()) {
+      std::lock_guard lk(qmu);
+      if (queue.empty()) return;
+    }
+    poll_once();
+  }
+}
+
+// One pass: wait for a kernel socket, a kernel's exit, the wake eventfd or the next timer, then
+// read what is ready.  Not zmq_poll: it asks every ZMQ socket for its events before and after
+// its poll(), and each ask is a getpid() and a poll() of that socket's mailbox (fork detection and
+// command processing in libzmq 4.3), so a pass cost 2 x 5 syscalls per kernel, ready or not:
+// ~75 poll() and ~80 getpid() per `1+1` with two kernels, and more with every kernel added.
+// Here each ZMQ socket's ZMQ_FD (its mailbox's eventfd) is in one ::poll(), and only a socket
+// whose FD fired is read, to EAGAIN, which re-arms the FD for the next message.  libzmq may
+// take a message's signal in while sending on that socket, so a socket just sent on, or whose
+// read stopped at its bound, is read on the next pass without waiting (KernelIo::recheck).
+void KernelManager::Impl::poll_once() {
+  struct Slot {
+    std::string id;
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
+  };
+  std::vector<pollfd> fds;
+  std::vector<Slot> slots;
+  std::vector<std::pair<std::string, std::uint8_t>> rechecks;
+  fds.push_back({wake_fd, POLLIN, 0});
+  slots.push_back({{}, 6});
+  if (reg) {
+    fds.push_back({reg->get(zmq::sockopt::fd), POLLIN, 0});
+    slots.push_back({{}, 8});
+  }
+  for (auto& [id, kp] : io) {
+    KernelIo& k = *kp;
+    if (k.sockets_open()) {
+      if (k.recheck) rechecks.emplace_back(id, k.recheck);
+      zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
+                                k.hb.get()};
+      for (int i = 0; i < 5; ++i) {
+        fds.push_back({socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
+        slots.push_back({id, i});
+      }
+    }
+    if (k.proc.running() && k.proc.exit_fd() >= 0) {
+      fds.push_back({k.proc.exit_fd(), POLLIN, 0});
+      slots.push_back({id, 5});
+    }
+    if (k.stdin_monitor) {
+      fds.push_back({k.stdin_monitor->get(zmq::sockopt::fd), POLLIN, 0});
+      slots.push_back({id, 7});
+    }
+    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0) {
+      fds.push_back({k.tunnel.exit_fd(), POLLIN, 0});
+      slots.push_back({id, 9});
+    }
+  }
+  long timeout = 1000;
+  if (!timers.empty()) {
+    // Rounded up: a timer due in 0.4 ms waits 1 ms, not 0 ms again and again until it is due.
+    auto d = std::chrono::ceil<std::chrono::milliseconds>(timers.top().when - Clock::now()).count();
+    timeout = std::clamp<long>(d, 0, 1000);
+  }
+  // Without pidfds, exits are found by polling waitpid.
+  bool have_nopidfd = false;
+  for (auto& [id, kp] : io)
+    if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
+  if (have_nopidfd) timeout = std::min(timeout, 100L);
+  if (!rechecks.empty() || reg_recheck) timeout = 0;
+
+  // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
+  // ready; the rechecks still run.
+  int rc = ::poll(fds.data(), fds.size(), int(timeout));
+  if (have_nopidfd) {
+    std::vector<std::string> ids;
+    for (auto& [id, kp] : io)
+      if (kp->proc.running() && kp->proc.exit_fd() < 0) ids.push_back(id);
+    for (auto& id : ids)
+      if (KernelIo* k = find(id)) on_exit(*k);
+  }
+  auto read_socket = [this](KernelIo& k, int kind) {
+    switch (kind) {
+      case 0: if (k.shell) on_readable(k, *k.shell, Channel::shell); break;
+      case 1: if (k.control) on_readable(k, *k.control, Channel::control); break;
+      case 2: if (k.stdin_) on_readable(k, *k.stdin_, Channel::stdin_); break;
+      case 3: if (k.iopub) on_readable(k, *k.iopub, Channel::iopub); break;
+      case 4: if (k.hb) on_hb(k); break;
+      case 7: if (k.stdin_monitor) on_stdin_monitor(k); break;
+    }
+  };
+  // The sockets to read anyway: cleared first, so a send or a bounded read while reading sets
+  // them again for the next pass.
+  for (const auto& [id, bits] : rechecks) {
+    KernelIo* k = find(id);
+    if (!k) continue;
+    k->recheck = 0;
+    for (int kind : {3, 0, 1, 2, 4, 7}) {
+      if (!(bits & (1 << kind))) continue;
+      if (!find(id) || !k->sockets_open()) break;
+      read_socket(*k, kind);
+    }
+  }
+  if (reg_recheck) on_registration();
+  if (rc <= 0) return;
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    const Slot& s = slots[i];
+    if (s.kind == 8) {
+      on_registration();
+      continue;
+    }
+    if (s.kind == 6) {
+      std::uint64_t v;
+      [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
+      continue;
+    }
+    KernelIo* k = find(s.id);
+    if (!k) continue;
+    bool read_already = std::any_of(rechecks.begin(), rechecks.end(), [&](const auto& r) {
+      return r.first == s.id && s.kind != 5 && (r.second & (1 << s.kind));
+    });
+    if (read_already) continue;
+    if (s.kind == 9) {
+      if (k->tunnel.try_reap()) {
+        spdlog::warn("kernel {}: its SSH forwarding ended ({})", s.id, k->tunnel.describe_exit());
+        if (k->phase == Phase::ready) link_lost(*k, "the SSH connection dropped");
+      }
+      continue;
+    }
+    if (s.kind == 5) on_exit(*k);
+    else if (k->sockets_open()) read_socket(*k, s.kind);
+  }
+}
+
+}  // namespace kgate
