@@ -15,7 +15,9 @@ Fails (exit 1, naming each offence) when:
   5. a source or header under include/, src/, gateway/ or translator/ is over MAX_LINES lines;
   6. a file includes a library's header from a layer it may not use (LAYERS below, the one list
      of the libraries and what each may include; DEV.md §1 draws it);
-  7. kgate-mcp links the kernel runtime (kgate_kernel, or libzmq): it is a client of a gateway.
+  7. kgate-mcp links the kernel runtime (kgate_kernel, or libzmq): it is a client of a gateway;
+  8. an MCP tool's name is written outside its row of the one table (translator/mcp/
+     tool_table.cpp, Translator::tools()): tools/list and tools/call are both read from it.
 Usage: check_build.py BUILD/compile_commands.json SOURCE_DIR
 """
 import json
@@ -30,7 +32,6 @@ MAX_LINES = 1000
 # Files still over MAX_LINES, each to be split (issue 44); the list may only shrink, and a file
 # that has come under the limit must leave it.
 OVER_LIMIT_FOR_NOW = {
-    "translator/mcp/tools.cpp",
     "translator/mcp/jsonrpc.cpp",
 }
 
@@ -96,6 +97,34 @@ def check_mcp_link(build: Path, problems: list) -> None:
             problems.append(f"kgate-mcp links {bad}: it must not carry the kernel runtime")
 
 
+TOOL_TABLE = Path("translator/mcp/tool_table.cpp")
+
+
+def check_tool_table(src: Path, problems: list) -> None:
+    text = (src / TOOL_TABLE).read_text(errors="replace")
+    body = text[text.find("static const std::vector<Tool> table = {"):]
+    names = re.findall(r'^\s*\{"([a-z_]+)", "[^"]*", \{', body, re.M)
+    if not names:
+        problems.append(f"{TOOL_TABLE}: no table of tools found")
+        return
+    if len(set(names)) != len(names):
+        problems.append(f"{TOOL_TABLE}: a tool is listed twice")
+    for name in names:
+        if len(re.findall(r'"' + name + r'"', text)) != 1:
+            problems.append(f"{TOOL_TABLE}: \"{name}\" is written more than once: one row per tool")
+    # The MCP code: kgate_mcp, kgate-mcp and kgate's /mcp (elsewhere "restart" is a REST path).
+    files = [*(src / "translator").rglob("*.[ch]pp"), *(src / "include/kgate/mcp").rglob("*.hpp"),
+             *(src / "gateway/api").glob("mcp_http.[ch]pp")]
+    for f in sorted(files):
+        if True:
+            if f == src / TOOL_TABLE:
+                continue
+            t = f.read_text(errors="replace")
+            for name in names:
+                if re.search(r'"' + name + r'"', t):
+                    problems.append(f"{f.relative_to(src)}: names the tool \"{name}\" outside the table ({TOOL_TABLE})")
+
+
 def main() -> int:
     db_path, src = Path(sys.argv[1]), Path(sys.argv[2]).resolve()
     db = json.loads(db_path.read_text())
@@ -145,6 +174,7 @@ def main() -> int:
             problems.append(f"{rel}: includes {m.group(1)}.hpp (only src/client/websocket*.cpp compile the stream)")
     check_sizes_and_layers(src, problems)
     check_mcp_link(db_path.parent, problems)
+    check_tool_table(src, problems)
     for p in problems:
         print(p)
     print(f"check_build: {len(targets)} translation units, {len(problems)} problem(s)")

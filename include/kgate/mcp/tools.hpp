@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kgate/mcp/client.hpp"
 #include "kgate/mcp/jsonrpc.hpp"
@@ -65,6 +66,22 @@ class Translator final : public ToolHandler {
     Current cur;
     std::shared_ptr<HttpClient> http;
   };
+
+  // One MCP tool: what tools/list shows of it and the member tools/call runs.  The tools are
+  // one table, tools() in tool_table.cpp.
+  struct Hints {  // MCP's tool annotations
+    bool read_only, destructive, idempotent, open_world;
+  };
+  struct Tool {
+    const char* name;
+    const char* title;
+    Hints hints;
+    bool task;                 // may run as an MCP task (execution.taskSupport "optional")
+    const char* description;   // what the model reads: at most 700 characters
+    json (*schema)();          // the inputSchema
+    ToolReply (Translator::*run)(Call&);
+  };
+  static const std::vector<Tool>& tools();
 
   ToolReply connect(Call& c);
   ToolReply execute(Call& c);
