@@ -572,7 +572,7 @@ def main():
     kgate_bin, mcp_bin = os.path.join(tmp, "kgate"), os.path.join(tmp, "kgate-mcp")
     shutil.copy2(KGATE_BIN, kgate_bin)   # the run uses these copies, whatever a build does meanwhile
     sup = os.path.join(os.path.dirname(KGATE_BIN), "kgate-supervise")
-    if os.path.exists(sup):  # kgate runs its kernels under the supervisor beside it (DEV.md §4d)
+    if os.path.exists(sup):  # kgate runs its kernels under the supervisor beside it (docs/dev/readoption.md)
         shutil.copy2(sup, os.path.join(os.path.dirname(kgate_bin), "kgate-supervise"))
     shutil.copy2(MCP_BIN, mcp_bin)
     bench.KGATE_BIN = kgate_bin          # bench.Server("kgate", ...) spawns this

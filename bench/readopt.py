@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Re-adoption benchmark (issue 18, DEV.md §4e): how long a new kgate takes to give back N
+"""Re-adoption benchmark (issue 18, docs/dev/readoption.md): how long a new kgate takes to give back N
 kernels that outlived the old one, each answering an execute with its state.
 
 usage: bench/readopt.sh [-h]          (run via readopt.sh; it calls this file with /usr/bin/python3)

@@ -533,7 +533,7 @@ def part_memory(R, tmp, binary, live, errors):
 def print_memory(R):
     M = R["memory"]
     mb = lambda kb: "—" if kb is None else "%.1f" % (kb / 1024.0)
-    # DEV.md §8: RSS stays under 16 MiB + budget_bytes + 48 MiB of working memory (the messages
+    # docs/dev/records.md: RSS stays under 16 MiB + budget_bytes + 48 MiB of working memory (the messages
     # in flight, the parser's buffers, allocator slack), whatever the kernels print.
     cap = (16 << 10) + BUDGET_BYTES / 1024 + (48 << 10)
     print("\nmemory: one kgate (records on, default limits), one kernel, %s cells printing %s bytes each, "
@@ -550,7 +550,7 @@ def print_memory(R):
         ["kgate RSS final, 1 s after the last cell (MB)", mb(M["rss_final_kb"])],
         ["max − baseline (MB)", mb(M["rss_max_kb"] - M["rss_baseline_kb"])],
         ["budget_bytes (MB)", mb(BUDGET_BYTES / 1024)],
-        ["documented cap (DEV.md §8: 16 MiB + budget_bytes + 48 MiB working memory; no client here)", mb(cap)],
+        ["documented cap (docs/dev/records.md: 16 MiB + budget_bytes + 48 MiB working memory; no client here)", mb(cap)],
         ["max RSS within the documented cap", "yes" if M["rss_max_kb"] <= cap else "NO (by %s MB)" % mb(M["rss_max_kb"] - cap)],
         ["GET /api/kgate/jobs: records retained (max_jobs %d)" % MAX_JOBS,
          "%s (%s … %s), answered in %s ms" % (M.get("jobs_retained"), M.get("jobs_oldest"), M.get("jobs_newest"), M.get("jobs_list_ms"))],

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Remote launchers benchmark (issue 19, DEV.md §4f): kernels as Slurm jobs, next to local ones.
+"""Remote launchers benchmark (issue 19, docs/dev/remote-launchers.md): kernels as Slurm jobs, next to local ones.
 
 usage: bench/remote.sh [-h]          (run via remote.sh; it calls this file with /usr/bin/python3)
 

@@ -24,7 +24,7 @@ Checks (exit 1 if any fails):
     warm-up reference; from the first sample after a cycle completed) at most max(--rss-pct % of the first-minute median, --rss-mb MB);
     for runs under 3 minutes the windows are the first and last third;
   - every cycle ran: no lost/crossed/duplicated message, every flood byte arrived.
-kgate's job records are a designed, bounded cache (DEV.md §8): their text is bounded by
+kgate's job records are a designed, bounded cache (docs/dev/records.md): their text is bounded by
 budget_bytes (64 MiB by default), and cells run by websocket clients are "unseen foreign" records,
 kept past max_jobs up to max_unseen_jobs (10000 by default). With kgate's defaults both fill
 throughout a 10-minute run and read as growth (measured: +22 MB over 10 minutes with 5,250 records

@@ -7,7 +7,7 @@
 #     websocket stream per binary; tests/check_build.py fails the suite if any translation unit in
 #     compile_commands.json is compiled without it;
 #   - Asio's and Beast's separate compilation: their non-template functions are compiled once,
-#     in src/beast/boost_impl.cpp, not in every unit that includes them (DEV.md §10, "Compile time").
+#     in src/beast/boost_impl.cpp, not in every unit that includes them (docs/dev/build-and-test.md, "Compile time").
 add_library(kgate_beast STATIC ${PROJECT_SOURCE_DIR}/src/beast/boost_impl.cpp)
 target_compile_definitions(kgate_beast PUBLIC
   BOOST_BEAST_USE_STD_STRING_VIEW BOOST_ASIO_SEPARATE_COMPILATION BOOST_BEAST_SEPARATE_COMPILATION)

@@ -1,4 +1,4 @@
-# The compiler cache and the linker (DEV.md §10, "Build speed").
+# The compiler cache and the linker (docs/dev/build-and-test.md, "Build speed").
 #
 # ccache, when installed (KGATE_CCACHE, on by default; CCACHE_DISABLE=1 turns it off per run):
 #   - the cache is ccache's own: $CCACHE_DIR when set, else its default (~/.cache/ccache),
@@ -28,7 +28,7 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   add_compile_options(-ffile-prefix-map=${PROJECT_SOURCE_DIR}=.)
 endif()
 
-# The link of kgate took ~20 s with GNU ld (bfd) and ~1 s with mold (DEV.md §10 has the figures).
+# The link of kgate took ~20 s with GNU ld (bfd) and ~1 s with mold (docs/dev/build-and-test.md has the figures).
 if(KGATE_FAST_LINKER AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   find_program(KGATE_MOLD mold)
   find_program(KGATE_LLD ld.lld)

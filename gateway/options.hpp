@@ -22,7 +22,7 @@ enum class EnvPolicy {
   filtered,   // always KERNEL_* plus env_allow
 };
 
-// Where the token comes from (DEV.md §9, "The token").
+// Where the token comes from (docs/dev/security.md, "The token").
 enum class TokenSource {
   automatic,  // kgate's own, kept in the state dir (StateDir::token); not asked on the Unix socket
   given,      // --token, $KGATE_TOKEN, token or token_file in kgate.toml; asked everywhere
@@ -60,13 +60,13 @@ struct GatewayOptions {
 
   std::size_t max_waiters = 1000;                   // HTTP requests waiting on jobs (503 past it)
   // Kernels at once, starts still pending included (503 + Retry-After past it); 0 = no limit.
-  // Pooled kernels not yet handed out are not counted (DEV.md "Warm pool").
+  // Pooled kernels not yet handed out are not counted (docs/dev/kernel-lifecycle.md "Warm pool").
   std::size_t max_kernels = 64;
 
   KernelOptions kernel;
   RecordLimits records;
 
-  // Remote launchers (DEV.md §4f), [launchers.NAME] of kgate.toml; "local" is implicit.
+  // Remote launchers (docs/dev/remote-launchers.md), [launchers.NAME] of kgate.toml; "local" is implicit.
   std::map<std::string, LauncherPtr> launchers;
 
   // Kernel discovery (DEV.md "Kernel discovery").
@@ -78,7 +78,7 @@ struct GatewayOptions {
     std::chrono::milliseconds request_wait{3000};      // a request waits this long for the first discovery
   } discovery;
 
-  // Idle culling, jupyter_server's MappingKernelManager.cull_* (DEV.md "Idle culling").
+  // Idle culling, jupyter_server's MappingKernelManager.cull_* (docs/dev/kernel-lifecycle.md "Idle culling").
   struct Culling {
     std::chrono::seconds idle_timeout{0};  // cull_idle_timeout: idle this long -> culled; 0 = off
     std::chrono::seconds interval{300};    // cull_interval: how often kernels are checked (>= 1)
@@ -97,7 +97,7 @@ struct GatewayOptions {
   std::vector<uid_t> unix_allow_uids;       // Unix peers served besides kgate's own uid
   std::filesystem::path certfile, keyfile;  // both set: https and wss on the TCP listener
 
-  // The warm pool (DEV.md "Warm pool"): ready kernels handed to POST /api/kernels.
+  // The warm pool (docs/dev/kernel-lifecycle.md "Warm pool"): ready kernels handed to POST /api/kernels.
   struct Pool {
     std::size_t size = 1;                          // for the default kernelspec; 0 = none
     std::map<std::string, std::size_t> kernels;    // per kernelspec name (overrides size)

@@ -1,4 +1,4 @@
-// The warm pool (see pool.hpp and DEV.md "Warm pool").
+// The warm pool (see pool.hpp and docs/dev/kernel-lifecycle.md "Warm pool").
 #include "pool.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // The warm pool: per kernelspec, a few kernels started ahead of time, hidden, and handed to
-// POST /api/kernels, then refilled in the background (DEV.md "Warm pool").
+// POST /api/kernels, then refilled in the background (docs/dev/kernel-lifecycle.md "Warm pool").
 //
 // Lives on the Asio thread.  The kernels themselves are KernelManager's (StartRequest::pooled,
 // KernelManager::hand_out); the pool only keeps their ids, per kernelspec, and posts every
@@ -67,7 +67,7 @@ class WarmPool {
   void fill(const std::string& name);  // name "" = the catalog's default
   // The refill after a hand-out or a cold start: a kernel start takes a core for about a second,
   // so it waits until no visible kernel is busy or has had activity for kQuiet, checking every
-  // kQuietPoll, and starts anyway after kMaxRefillDelay (DEV.md "Warm pool").
+  // kQuietPoll, and starts anyway after kMaxRefillDelay (docs/dev/kernel-lifecycle.md "Warm pool").
   void refill_when_quiet(const std::string& name);
   void check_quiet(const std::string& name);
   bool kernels_quiet() const;

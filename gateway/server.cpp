@@ -55,9 +55,9 @@ Server::Server(GatewayOptions opts)
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
   ensure_private_dir(opts_.runtime_dir);
-  // Kernels an earlier kgate left running (DEV.md §4e): their files are not stale.
+  // Kernels an earlier kgate left running (docs/dev/readoption.md): their files are not stale.
   opts_.kernel.table_dir = opts_.state_dir / "kernels";
-  opts_.kernel.host_session = jobs_.session();  // the kernels' host: kgate's cells carry it (DEV.md §14)
+  opts_.kernel.host_session = jobs_.session();  // the kernels' host: kgate's cells carry it (docs/dev/kernel-side.md)
   opts_.kernel.remote_dir = opts_.state_dir / "remote";
   KernelTable::Loaded table = KernelTable(opts_.kernel.table_dir).load();
   for (const auto& p : table.problems) spdlog::warn("kernel table: {}", p);
@@ -67,7 +67,7 @@ Server::Server(GatewayOptions opts)
   if (auto stale = remove_stale_connection_files(opts_.runtime_dir, keep); !stale.empty())
     spdlog::info("removed {} stale connection file{} of a kgate that is gone, in {}: {}", stale.size(),
                  stale.size() == 1 ? "" : "s", opts_.runtime_dir.string(), fmt::join(stale, ", "));
-  // Their records, read back before the kernels are listened to again (DEV.md §4e).
+  // Their records, read back before the kernels are listened to again (docs/dev/readoption.md).
   if (records_.enabled()) jobs_.persist_to(&records_);
   for (const auto& line : jobs_.restore(records_.load(keep))) spdlog::info("{}", line);
   // Records first: a client that sees a cell's idle finds the record already ended.
@@ -162,7 +162,7 @@ void Server::on_signal(beast::error_code ec, int sig) {
   stopping_ = true;
   const std::size_t pooled = pool_->stop();  // no refill from here on
   // SIGTERM (systemctl stop/restart, kill, `kgate stop`): the kernels stay for the next kgate.
-  // SIGINT (^C, `kgate stop --kernels`) and stop(): they stop with kgate (DEV.md §4e).
+  // SIGINT (^C, `kgate stop --kernels`) and stop(): they stop with kgate (docs/dev/readoption.md).
   const std::size_t left = sig == SIGTERM ? manager_->detach_all() : 0;
   const std::size_t kernels = manager_->count();
   notify_stopping(kernels);

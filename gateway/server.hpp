@@ -83,7 +83,7 @@ class Server {
 
   // SIGHUP: `load` reads kgate.toml again with the command line's flags applied over it (main
   // provides it) and reload() takes on what can change in a running kgate: tokens, limits,
-  // max_kernels, culling, the pool sizes (README "Reloading").  A bad file changes nothing.
+  // max_kernels, culling, the pool sizes (docs/kernels.md "Reloading").  A bad file changes nothing.
   void set_reloader(std::function<GatewayOptions()> load) { reloader_ = std::move(load); }
   void reload();  // Asio thread
 
@@ -118,7 +118,7 @@ class Server {
 
   GatewayOptions opts_;
   // Taken first, before anything else starts: a second kgate on the same state directory
-  // stops here, before it touches the runtime dir or a kernel (DEV.md §4c).
+  // stops here, before it touches the runtime dir or a kernel (docs/dev/kernel-lifecycle.md).
   StateDir state_;
   RecordLog records_;  // the job records on disk (<state>/records), fed by jobs_
   net::io_context ioc_{1};

@@ -1,7 +1,7 @@
-// The Jupyter sessions API's store (/api/sessions, README "Sessions"): which notebook, console
+// The Jupyter sessions API's store (/api/sessions, docs/api.md "Sessions"): which notebook, console
 // or file (path, name, type) uses which kernel.  In memory, and in <state>/sessions.json (0600,
 // written whole and renamed over the old one after every change, by a writer thread of its own),
-// so that the sessions of kernels that outlive kgate come back with them (DEV.md §4e).
+// so that the sessions of kernels that outlive kgate come back with them (docs/dev/readoption.md).
 //
 // A session is gone once its kernel is: every read first drops the sessions whose kernel is no
 // longer listed (deleted, culled, or not re-adopted), as jupyter_server's session manager does.

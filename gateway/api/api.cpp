@@ -198,7 +198,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   sr.id = kernel_id;
   sr.env = std::move(env);
   sr.cwd = cwd.cwd;
-  // kgate's per-kernel idle timeout (README "Idle culling"): seconds, 0 = never culled, null or
+  // kgate's per-kernel idle timeout (docs/kernels.md "Idle culling"): seconds, 0 = never culled, null or
   // absent = the gateway's.
   if (auto it = body.find("kgate_cull_idle_timeout"); it != body.end() && !it->is_null()) {
     constexpr double kMax = 31536000;  // a year
@@ -222,7 +222,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
     }
     conversation = it->get<std::string>();
   }
-  // A remote launcher (DEV.md §4f): by name here, else the kernelspec's metadata.kgate.launcher.
+  // A remote launcher (docs/dev/remote-launchers.md): by name here, else the kernelspec's metadata.kgate.launcher.
   std::string launcher_name;
   json launcher_options;
   if (auto it = body.find("kgate_launcher"); it != body.end() && !it->is_null()) {
@@ -311,7 +311,7 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
   const std::string chosen_id = sr.id;
   // A remote kernel may wait in a scheduler's queue: after ready_timeout the POST is answered
   // 202 Accepted with the kernel's model (state starting, kgate_placement saying where it
-  // waits), and the start goes on (README "Remote kernels").  `answered` is set by whichever
+  // waits), and the start goes on (docs/remote-kernels.md).  `answered` is set by whichever
   // comes first, on the Asio thread.
   auto answered = std::make_shared<bool>(false);
   const bool remote = sr.launcher != nullptr;
@@ -363,7 +363,7 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
       respond(std::move(res));
     });
   };
-  // A pooled kernel has its id already: a start with the client's id is a cold one (DEV.md §4b).
+  // A pooled kernel has its id already: a start with the client's id is a cold one (docs/dev/kernel-lifecycle.md).
   // The pool's kernels are local ones.
   if (!chosen_id.empty() || remote) return server.manager().start(std::move(sr), std::move(done));
   server.pool().start(std::move(sr), std::move(done));
@@ -681,7 +681,7 @@ std::string request_token(std::string_view target, std::string_view authorizatio
   }
   if (!token.empty()) return token;
   // 2. Only then the Authorization header: `token T` or `bearer T`, the scheme in any case
-  //    (RFC 7235 §2.1), then any run of whitespace: jupyter_server's (token|bearer)\s+(.+).
+  //    (RFC 7235 DEV.md §2.1), then any run of whitespace: jupyter_server's (token|bearer)\s+(.+).
   std::string_view auth = trim_spaces(authorization);
   std::size_t scheme_end = 0;
   while (scheme_end < auth.size() && !is_space(auth[scheme_end])) ++scheme_end;

@@ -184,7 +184,7 @@ json kernel_ext_json(Server& server, const KernelPtr& k) {
   j["running_job"] = info.running_job.empty() ? json(nullptr) : json(info.running_job);
   j["restarts"] = info.restarts;
   j["kernelspec"] = k->spec().name;
-  // Idle culling (README "Idle culling"): seconds, to the millisecond.
+  // Idle culling (docs/kernels.md "Idle culling"): seconds, to the millisecond.
   auto secs = [](auto d) {
     return double(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()) / 1000.0;
   };
@@ -218,7 +218,7 @@ json digest_json(Server& server, const std::string& kernel) {
 
 // Answers with the job's record once it is not running, or at the deadline.  With `digest`, a
 // record no longer running carries its kernel's digest as it is at that moment (the agent's
-// note, without a second request: README "Job records").
+// note, without a second request: docs/records.md).
 void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r,
                            bool digest = false) {
   auto& jobs = server.jobs();
@@ -307,7 +307,7 @@ void post_execute(Server& server, const Request& req, const std::string& id, Res
       err = "\"input_timeout\" must be a number of seconds, more than 0 and at most a week";
     else input_timeout = std::chrono::milliseconds(static_cast<long long>(std::ceil(it->get<double>() * 1000)));
   }
-  // A background task (DEV.md §14): the code runs on a worker thread of the kernel, as its own
+  // A background task (docs/dev/kernel-side.md): the code runs on a worker thread of the kernel, as its own
   // job that no cell ends; execute is refused while it runs.
   bool background = false;
   if (auto it = body.j.find("background"); it != body.j.end()) {
@@ -363,7 +363,7 @@ namespace {
 // time (ipykernel's own interrupts and shutdowns share it), but never waits behind a cell.
 constexpr auto kStopAnswer = std::chrono::seconds(10);
 
-// A stop through kgate's kernel side (DEV.md §14): kgate's records decide who may stop what (the
+// A stop through kgate's kernel side (docs/dev/kernel-side.md): kgate's records decide who may stop what (the
 // claim, the job's owner, begun or queued), then the kernel checks under its own lock that the
 // cell still runs before it sends SIGINT to its main thread. A stale id stops nothing, and the
 // answer names what runs now.
@@ -602,13 +602,13 @@ Response observe_page(const Request& req) {
 
 // ---- The handlers of the kgate routes (routes.cpp) ----
 
-void kgate_pool(Call& c) {  // the warm pool and max_kernels (README "Warm pool")
+void kgate_pool(Call& c) {  // the warm pool and max_kernels (docs/kernels.md "Warm pool")
   json body = c.server.pool().status();
   body["max_kernels"] = c.server.options().max_kernels;
   c.respond(json_response(c.req, http::status::ok, dump_json(body)));
 }
 
-void kgate_launchers(Call& c) {  // remote launchers and whether each works now (DEV.md §4f)
+void kgate_launchers(Call& c) {  // remote launchers and whether each works now (docs/dev/remote-launchers.md)
   // Probing runs the scheduler's commands (squeue, ssh): on a thread of its own, never the
   // Asio one.  The thread touches only `st` (shared), never the server: kgate may exit while
   // an ssh probe still waits; the Asio thread looks at `st` every 50 ms.

@@ -1,7 +1,7 @@
 // GET {base}metrics (routes.hpp): Prometheus's text exposition format, version 0.0.4, behind the
 // token like every route.  Every figure is read when the page is asked for, from what already
 // counts it: the kernel manager, the job records, the hub, the warm pool and the sessions.
-// README "Metrics" lists them.
+// docs/metrics.md "Metrics" lists them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,5 +1,5 @@
 // /api/sessions (routes.hpp): jupyter_server's sessions API, in its shapes and status codes,
-// over SessionStore (sessions.hpp).  README "Sessions" says where kgate differs, and why.
+// over SessionStore (sessions.hpp).  docs/api.md "Sessions" says where kgate differs, and why.
 #include <spdlog/spdlog.h>
 
 #include "kgate/jupyter/connection.hpp"

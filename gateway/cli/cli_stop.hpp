@@ -1,4 +1,4 @@
-// `kgate stop [--kernels]`: stops the kgate that holds a state directory (DEV.md §4e).  Without
+// `kgate stop [--kernels]`: stops the kgate that holds a state directory (docs/dev/readoption.md).  Without
 // --kernels its kernels keep running for the next kgate (SIGTERM); with it they stop too (SIGINT).
 #pragma once
 

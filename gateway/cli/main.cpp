@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   kspec->add_option("--url", kspec_opts.url, "Always use this gateway (a URL or a gateways.toml name)");
   kspec->add_flag("--force", kspec_opts.force, "Replace a different kernelspec of the same name");
 
-  // The node side of a remote launcher (DEV.md §4f): run by the Slurm job or over SSH, not by hand.
+  // The node side of a remote launcher (docs/dev/remote-launchers.md): run by the Slurm job or over SSH, not by hand.
   auto* node_launch = app.add_subcommand("node-launch", "Start a kernel on this node for a kgate (a launch spec)");
   node_launch->group("");
   std::string node_spec;
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
   ::unsetenv("KGATE_TOKEN");
   std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
   bool use_cfg = !config.empty() || std::filesystem::exists(cfg);
-  // Kernels are started under kgate-supervise, installed beside kgate (DEV.md §4d).
+  // Kernels are started under kgate-supervise, installed beside kgate (docs/dev/readoption.md).
   std::filesystem::path supervisor;
   {
     std::error_code ec;

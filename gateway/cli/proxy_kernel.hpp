@@ -1,6 +1,6 @@
 // `kgate proxy-kernel -f CONNECTION_FILE`: a Jupyter kernel to its client (JupyterLab, Notebook,
 // jupyter_client) that forwards every message to a kernel of a running kgate over kgate's
-// websocket API, so a notebook attaches to the agent's kernel (README "Notebooks and JupyterLab
+// websocket API, so a notebook attaches to the agent's kernel (docs/jupyter.md "Notebooks and JupyterLab
 // on kgate's kernels", DEV.md "kgate proxy-kernel").
 //
 // Threading: run_proxy_kernel owns the calling thread, which owns every ZMQ socket (shell,

@@ -1,4 +1,4 @@
-// kgate-supervise: holds one kernel as its child for kgate (DEV.md §4d).  kgate starts it; it is
+// kgate-supervise: holds one kernel as its child for kgate (docs/dev/readoption.md).  kgate starts it; it is
 // not meant to be run by hand.  main() parses the options; kgate::supervise() does the work.
 #include <chrono>
 #include <string>

@@ -3,7 +3,7 @@
 // the whole message with its framing) into a string; then one gathered net::async_write (header,
 // body in place) per transport sends them.  Beast's own http::async_write composes the
 // serializer with each stream's write operation, and cost ~28 s of compile for the three
-// transports at -O2 (DEV.md §10); the bytes on the wire are the same.
+// transports at -O2 (docs/dev/build-and-test.md); the bytes on the wire are the same.
 #include <array>
 #include <memory>
 #include <string>

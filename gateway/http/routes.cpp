@@ -27,7 +27,7 @@ const std::vector<Route>& routes() {
       {get,        "api/sessions/{session_id}",              session_get},
       {patch,      "api/sessions/{session_id}",              session_patch},
       {del,        "api/sessions/{session_id}",              session_delete},
-      // kgate's own (README "Session records", "Warm pool", "Kernels on a cluster or another host").
+      // kgate's own (docs/records.md, docs/kernels.md "Warm pool", docs/remote-kernels.md).
       {get,        "api/kgate/kernelspecs",                  kgate_kernelspecs},
       {get,        "api/kgate/pool",                         kgate_pool},
       {get,        "api/kgate/launchers",                    kgate_launchers},

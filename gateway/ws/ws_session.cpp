@@ -89,8 +89,8 @@ void WsSession::on_read(beast::error_code ec, std::size_t) {
     close(websocket::close_code::bad_payload, "kgate: " + err);
     return;
   }
-  // kgate's own session is the kernels' host (DEV.md §14): its cells go unrecorded and it passes
-  // the shutdown guard, so no client may send as it (DEV.md §9).
+  // kgate's own session is the kernels' host (docs/dev/kernel-side.md): its cells go unrecorded and it passes
+  // the shutdown guard, so no client may send as it (docs/dev/security.md).
   if (is_host_session(m.session, server_.options().kernel.host_session)) {
     spdlog::warn("kernel {}: session {} sent a {} claiming kgate's own session; closing", kernel_->id(), route_,
                  m.msg_type);

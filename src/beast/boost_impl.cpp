@@ -2,7 +2,7 @@
 //
 // cmake/Beast.cmake defines BOOST_ASIO_SEPARATE_COMPILATION and BOOST_BEAST_SEPARATE_COMPILATION
 // for every target, so the non-template functions of both libraries are compiled here instead
-// of in every unit that includes them (DEV.md §10, "Compile time").  Asio's src.hpp files are
+// of in every unit that includes them (docs/dev/build-and-test.md, "Compile time").  Asio's src.hpp files are
 // included whole.  Beast's src.hpp is not: it would also compile its test stream, and its
 // websocket utf8_checker.ipp, whose class include/kgate/beast_config.hpp (forced first into
 // every unit, this one too) replaces.  The list below is the rest of Beast 1.74's src.hpp.

@@ -1,4 +1,4 @@
-// The kernel runtime: messages to and from kernels, and the one poll loop of kgate-io (DEV.md §3, §5).
+// The kernel runtime: messages to and from kernels, and the one poll loop of kgate-io (DEV.md §3, DEV.md §4).
 #include "kernel_impl.hpp"
 
 namespace kgate {

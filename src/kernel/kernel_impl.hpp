@@ -3,8 +3,8 @@
 //   kernel.cpp     the shared Kernel model and the public KernelManager facade
 //   lifecycle.cpp  launch, readiness, heartbeat, exit, stop and restart, idle culling
 //   io_loop.cpp    messages to and from kernels, and the poll loop
-//   remote.cpp     remote launchers: registration, the scheduler poll, SSH tunnels (DEV.md §4f)
-//   readopt.cpp    supervisor links and the re-adoption of kernels an earlier kgate left (§4d, §4e)
+//   remote.cpp     remote launchers: registration, the scheduler poll, SSH tunnels (docs/dev/remote-launchers.md)
+//   readopt.cpp    supervisor links and the re-adoption of kernels an earlier kgate left (docs/dev/readoption.md, docs/dev/readoption.md)
 //
 // Threading: every zmq socket, ChildProcess and KernelIo below is touched only by the I/O
 // thread ("kgate-io").  Other threads reach it through Impl::post(), which queues a closure
@@ -107,7 +107,7 @@ struct KernelIo {
   // Re-adopted, history probe out: clients' shell requests wait in `held` until its reply (so
   // the records know the gap's cells before any new cell ends), at most kHistoryHold.
   bool hold_shell = false;
-  // The kernel side (DEV.md §14): the kernel_info_reply's implementation ("ipython" for
+  // The kernel side (docs/dev/kernel-side.md): the kernel_info_reply's implementation ("ipython" for
   // ipykernel), and the install request in flight.
   std::string implementation;
   std::string side_install;
@@ -187,7 +187,7 @@ struct KernelIo {
   std::uint64_t hb_seq = 0;
   std::chrono::steady_clock::time_point hb_silent_since;  // the first unanswered ping
 
-  // A remote launcher's kernel (DEV.md §4f).
+  // A remote launcher's kernel (docs/dev/remote-launchers.md).
   bool remote() const { return request.launcher != nullptr; }
   std::string reg_secret;             // the one-time registration secret; "" once registered
   std::set<std::string> reg_nonces;   // msg_ids of the registrations tried with it
@@ -237,7 +237,7 @@ struct KernelManager::Impl {
       : opts(o), runtime_dir(std::move(rd)), observers(std::move(ob)), table(opts.table_dir) {}
 
   KernelOptions opts;
-  // kgate's own session with one kernel: the host's, with a suffix of its own (DEV.md §14).
+  // kgate's own session with one kernel: the host's, with a suffix of its own (docs/dev/kernel-side.md).
   std::string kernel_session() const { return opts.host_session + "." + new_hex_id().substr(0, 12); }
   std::filesystem::path runtime_dir;
   // KernelManager::counters(): written on kgate-io, read anywhere.
@@ -269,7 +269,7 @@ struct KernelManager::Impl {
   std::set<int> reserved_ports;
   std::uint64_t dropped_invalid = 0;
 
-  // Remote launchers (DEV.md §4f): the registration ROUTER (bound at the first remote start),
+  // Remote launchers (docs/dev/remote-launchers.md): the registration ROUTER (bound at the first remote start),
   // the scheduler poll, and the worker threads that run the scheduler's commands (sbatch,
   // squeue, scancel block; kgate-io never waits on them).
   std::unique_ptr<zmq::socket_t> reg;
@@ -378,7 +378,7 @@ struct KernelManager::Impl {
                         std::function<void(std::optional<json>)> done);
   bool answer_side_call(KernelIo& k, const KernelMessage& m);  // a kgate_reply's waiter: whether one was
   void finish_removal(KernelIo& k);
-  // The kernel table (DEV.md §4e): its entry, rewritten when it became ready or was handed out.
+  // The kernel table (docs/dev/readoption.md): its entry, rewritten when it became ready or was handed out.
   void save_entry(KernelIo& k, bool with_activity = false);
   // Listening to a kernel an earlier kgate started (adopt()): sockets and readiness, no launch.
   void attach(KernelIo& k);

@@ -1,4 +1,4 @@
-// The kernel table (see kernel_table.hpp and DEV.md §4e).
+// The kernel table (see kernel_table.hpp and docs/dev/readoption.md).
 #include "kgate/kernel/kernel_table.hpp"
 
 #include <fstream>

@@ -1,4 +1,4 @@
-# kgate's half of the session kernel (DEV.md §14): what kgate installs into every ipykernel it
+# kgate's half of the session kernel (docs/dev/kernel-side.md): what kgate installs into every ipykernel it
 # launches, as one silent execute before anyone else is served (src/kernel/lifecycle.cpp install_kernel_side).
 #
 # kgate runs this file with exec() in a namespace of its own (nothing lands in the user's), then

@@ -1,4 +1,4 @@
-// The kernel runtime: launch, readiness, heartbeat, exit, stop and restart, idle culling (DEV.md §4, §4a).
+// The kernel runtime: launch, readiness, heartbeat, exit, stop and restart, idle culling (docs/dev/kernel-lifecycle.md, docs/dev/kernel-lifecycle.md).
 #include "kernel_impl.hpp"
 
 namespace kgate {
@@ -323,7 +323,7 @@ void KernelManager::Impl::became_ready(KernelIo& k) {
   heartbeat_tick(k.kernel->id(), k.epoch);
 }
 
-// kgate's half of the session kernel inside the kernel (DEV.md §14): one silent execute, sent
+// kgate's half of the session kernel inside the kernel (docs/dev/kernel-side.md): one silent execute, sent
 // before any client's request, so it runs before anyone else's. Its reply says what is on.
 void KernelManager::Impl::install_kernel_side(KernelIo& k) {
   k.side_install.clear();
@@ -579,8 +579,8 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   if (restart) broadcast_status(k, "restarting");
   k.phase = Phase::stopping;
   ++k.epoch;
-  if (restart && k.remote()) k.proc.request_relaunch();  // in the same allocation (DEV.md §4f)
-  // The graceful close first (DEV.md §14): the kernel side stops the cell and the task that run
+  if (restart && k.remote()) k.proc.request_relaunch();  // in the same allocation (docs/dev/remote-launchers.md)
+  // The graceful close first (docs/dev/kernel-side.md): the kernel side stops the cell and the task that run
   // and waits for them to end, so the shutdown_request below ends the process normally.  Its
   // answer, or close_grace and a second without one, sends the shutdown_request.
   if (opts.close_grace.count() > 0 && kernel_side_has(k.kernel->kernel_side(), "close") && k.sockets_open() &&

@@ -1,4 +1,4 @@
-// The kernel runtime: supervisor links, and the re-adoption of kernels an earlier kgate left (DEV.md §4d, §4e).
+// The kernel runtime: supervisor links, and the re-adoption of kernels an earlier kgate left (docs/dev/readoption.md, docs/dev/readoption.md).
 #include "kernel_impl.hpp"
 
 namespace kgate {

@@ -1,10 +1,10 @@
-// The kernel runtime: remote launchers, their registration, the scheduler poll and SSH tunnels (DEV.md §4f).
+// The kernel runtime: remote launchers, their registration, the scheduler poll and SSH tunnels (docs/dev/remote-launchers.md).
 #include "kernel_impl.hpp"
 
 namespace kgate {
 
 // ---------------------------------------------------------------------------------------
-// Remote launchers (DEV.md §4f)
+// Remote launchers (docs/dev/remote-launchers.md)
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Remote launchers (launcher.hpp, DEV.md §4f): the scheduler's commands on kgate's side, and
+// Remote launchers (launcher.hpp, docs/dev/remote-launchers.md): the scheduler's commands on kgate's side, and
 // `kgate node-launch`, the node's side.
 #include "kgate/process/launcher.hpp"
 

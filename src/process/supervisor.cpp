@@ -1,4 +1,4 @@
-// kgate-supervise (see supervisor.hpp and DEV.md §4d).  One process per kernel, a single-threaded
+// kgate-supervise (see supervisor.hpp and docs/dev/readoption.md).  One process per kernel, a single-threaded
 // poll() loop: the kernel's pidfd, signals (signalfd), the listening socket, the connected kgates.
 #include "kgate/process/supervisor.hpp"
 
@@ -192,7 +192,7 @@ int supervise(const SuperviseOptions& o) {
   if (!started_ok) terminate("its registration failed");
 
   // A node launcher restarts its kernel in place when kgate asked ("relaunch") before it ended:
-  // the allocation it runs in is kept (DEV.md §4f).  A local supervisor never gets the line.
+  // the allocation it runs in is kept (docs/dev/remote-launchers.md).  A local supervisor never gets the line.
   bool relaunch = false;
   for (;;) {
     if (kernel.try_reap()) {

@@ -1,4 +1,4 @@
-// JobStore's records on disk (DEV.md §4e): the record log's lines, restore, and what a re-adopted kernel's history settles.
+// JobStore's records on disk (docs/dev/readoption.md): the record log's lines, restore, and what a re-adopted kernel's history settles.
 #include "jobs_impl.hpp"
 #include "kgate/kernel/kernel_side.hpp"
 
@@ -20,7 +20,7 @@
 namespace kgate {
 
 // ---------------------------------------------------------------------------------------
-// JobStore: records on disk (DEV.md §4e)
+// JobStore: records on disk (docs/dev/readoption.md)
 //
 // A kernel's log holds three kinds of line, and the last line of a job wins:
 //   {"t": "job", "n": N, ...}        a job as it is now (written when it is created, begins and

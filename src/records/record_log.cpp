@@ -1,4 +1,4 @@
-// The job records on disk (see record_log.hpp and DEV.md §4e).
+// The job records on disk (see record_log.hpp and docs/dev/readoption.md).
 #include "kgate/records/record_log.hpp"
 
 #include <fcntl.h>

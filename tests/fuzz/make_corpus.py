@@ -152,7 +152,7 @@ def http_items():
     yield "upgrade", http("GET", f"/api/kernels/{KID}/channels?session_id=s",
                           headers=["Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Version: 13",
                                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="])
-    # kgate's own API (README "Job records", DEV.md)
+    # kgate's own API (docs/records.md, docs/dev/records.md)
     for path in ("/api/kgate/kernels", f"/api/kgate/kernels/{KID}", f"/api/kgate/kernels/{KID}/digest?agent=a1",
                  f"/api/kgate/kernels/{KID}/notebook", "/api/kgate/jobs?kernel=x&wait=0.01", "/api/kgate/jobs/3",
                  "/api/kgate/jobs/3?wait=0.01", "/api/kgate/pool", "/api/kgate/kernelspecs",

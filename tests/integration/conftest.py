@@ -174,7 +174,7 @@ def children_of(pid):
 
 
 def supervisors_of(root):
-    """kgate-supervise processes (DEV.md §4d) whose kernel's argv names a file under root."""
+    """kgate-supervise processes (docs/dev/readoption.md) whose kernel's argv names a file under root."""
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -738,7 +738,7 @@ class Kgate:
 
     def children(self):
         """kgate's kernel processes: its children, and for a kernel under kgate-supervise
-        (DEV.md §4d) the supervisor's children instead of the supervisor."""
+        (docs/dev/readoption.md) the supervisor's children instead of the supervisor."""
         out = set()
         for pid, kids in self.supervised().items():
             out |= {pid} if kids is None else kids

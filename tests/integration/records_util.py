@@ -1,4 +1,4 @@
-"""Helpers for test_records.py: the kgate session-records extension (README, "Session records:
+"""Helpers for test_records.py: the kgate session-records extension (docs/records.md, "Session records:
 the kgate extensions"), driven through real sockets only."""
 
 import json

@@ -1,4 +1,4 @@
-"""Idle culling (README "Idle culling", DEV.md "Idle culling"): jupyter_server's cull_idle_timeout,
+"""Idle culling (docs/kernels.md "Idle culling", docs/dev/kernel-lifecycle.md "Idle culling"): jupyter_server's cull_idle_timeout,
 cull_interval, cull_connected and cull_busy in [culling], the per-kernel "kgate_cull_idle_timeout"
 of POST /api/kernels, what a culled kernel's websocket clients are told, and what its records say.
 Small timeouts (2 s, checked every 1 s) keep the whole file near 30 s."""
@@ -175,7 +175,7 @@ def test_cull_connected_busy_and_per_kernel_timeout(kgate_factory, tmp_path):
 
 
 def test_a_kernel_whose_background_task_runs_is_not_culled(kgate_factory, tmp_path):
-    """A background task (DEV.md §14) keeps its kernel busy for culling though the shell is idle
+    """A background task (docs/dev/kernel-side.md) keeps its kernel busy for culling though the shell is idle
     and the task prints nothing; once it ends the kernel is idle and culled as any other."""
     cfg = culling_config(tmp_path, "c.toml", cull_idle_timeout=2, cull_interval=1)
     kg = kgate_factory(config=cfg)

@@ -306,7 +306,7 @@ def test_kernel_killed_mid_flood(kgate_factory, tmp_path, ws_clients):
 # "Abrupt" is a TCP connection that ends without a websocket close frame. kgate cannot tell
 # apart a client that half-closed (FIN), one that crashed and one whose socket was reset: its
 # read fails, and everything it had not written yet (its queue, a frame cut in the middle)
-# goes to the session's replay buffer (DEV.md §6). What kgate had already written into the
+# goes to the session's replay buffer (docs/dev/limits.md). What kgate had already written into the
 # TCP connection is the client's: a client that reads its socket to the end gets it (the
 # SHUT_WR tests: exactly once, or exactly the drops the notice counts), and one that reads no
 # more (SHUT_RDWR: Linux discards what still arrives) loses what was in the TCP buffers,
@@ -489,7 +489,7 @@ def test_ws_dropped_past_the_replay_cap_reports_the_loss(kgate_factory, tmp_path
     pos_note = next(i for i, x in enumerate(second) if x.get("msg_type") == "stream"
                     and "[kgate]" in x["content"].get("text", ""))
     assert all(parent_id(x) != msg_id for x in second[pos_note + 1:]), (
-        "the drop notice should follow the replayed messages (DEV.md §6)")
+        "the drop notice should follow the replayed messages (docs/dev/limits.md)")
     replies = [x for x in first + second if x.get("msg_type") == "execute_reply" and parent_id(x) == msg_id]
     assert len(replies) == 1, f"{len(replies)} execute_replies across the two connections"
 
@@ -547,7 +547,7 @@ class RssSampler(threading.Thread):
 
 
 def test_stalled_client_bounded_memory_and_fast_client_unaffected(kgate_factory, tmp_path):
-    """DEV.md §6: a client that does not read keeps its connection; past client_queue_bytes
+    """docs/dev/limits.md: a client that does not read keeps its connection; past client_queue_bytes
     its output is held in a spill bounded by replay_bytes, the oldest spilled messages are
     dropped, and where the gap is it gets `[kgate] N message(s) (B bytes) for this session
     were dropped: the client read too slowly`. Another client of the same kernel is not held

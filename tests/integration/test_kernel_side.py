@@ -1,4 +1,4 @@
-"""kgate's half of the session kernel inside the kernel (issue 21; DEV.md §14): installed into
+"""kgate's half of the session kernel inside the kernel (issue 21; docs/dev/kernel-side.md): installed into
 every ipykernel kgate launches. Silent cells from clients attached by connection file are
 recorded as the user's; a shutdown_request from anyone but kgate is refused; a stop names its
 cell and never lands in the next one; a background task is its own job beside the cells; verify

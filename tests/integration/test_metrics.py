@@ -1,4 +1,4 @@
-"""GET /metrics (README "Metrics"): Prometheus's text format, parsed with Debian's
+"""GET /metrics (docs/metrics.md "Metrics"): Prometheus's text format, parsed with Debian's
 prometheus_client parser, and each figure moved by the real thing it counts."""
 
 import time

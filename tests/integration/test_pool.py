@@ -1,4 +1,4 @@
-"""The warm pool and max_kernels (README "Warm pool", DEV.md "Warm pool"): POST /api/kernels is
+"""The warm pool and max_kernels (docs/kernels.md "Warm pool", docs/dev/kernel-lifecycle.md "Warm pool"): POST /api/kernels is
 answered with a kernel started ahead of time, which takes the request's cwd and env at hand-out;
 the pool refills in the background and hides its kernels; a request the pool cannot serve starts
 cold; max_kernels counts starts still pending and answers 503 with Retry-After; SIGHUP reloads

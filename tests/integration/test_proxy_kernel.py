@@ -1,6 +1,6 @@
 """`kgate proxy-kernel` and `kgate install-kernelspec`: a notebook's kernel (started by a stock
 jupyter_client KernelManager from the installed kernelspec) that attaches to the agent's kgate
-kernel over kgate's websocket API (README "Notebooks and JupyterLab on kgate's kernels")."""
+kernel over kgate's websocket API (docs/jupyter.md "Notebooks and JupyterLab on kgate's kernels")."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Kernels outlive kgate (issue 18; DEV.md §4d supervisors, §4e the kernel table and
+"""Kernels outlive kgate (issue 18; docs/dev/readoption.md supervisors, docs/dev/readoption.md the kernel table and
 re-adoption): a kgate killed with -9 leaves its kernels running under their supervisors; the
 next kgate on the same state directory re-adopts them with their ids, ports, key, connection
 files and state; kernels nobody comes back for end after orphan_timeout_seconds; a bad table

@@ -1,4 +1,4 @@
-"""Clients across a kgate restart (issue 18, DEV.md §4e): a stock `jupyter server --gateway-url`
+"""Clients across a kgate restart (issue 18, docs/dev/readoption.md): a stock `jupyter server --gateway-url`
 and the observe page in headless Chromium, both left open while kgate is stopped (SIGTERM) and a
 new kgate takes the kernels back on the same port and state directory."""
 

@@ -1,4 +1,4 @@
-"""Records outlive kgate too (issue 18; DEV.md §4e): the job records of a kernel are kept in
+"""Records outlive kgate too (issue 18; docs/dev/readoption.md): the job records of a kernel are kept in
 <state>/records/<id>.log and read back by the kgate that re-adopts it.  Old jobs stay readable,
 job numbers continue, a job that ran across the gap ends with a note of it, cells another client
 ran while no kgate listened are recovered from the kernel's history, and a torn log is reported

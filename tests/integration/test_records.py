@@ -1,4 +1,4 @@
-"""Session records (README, "Session records: the kgate extensions"): every cell recorded with
+"""Session records (docs/records.md, "Session records: the kgate extensions"): every cell recorded with
 its origin, the agent path (no queue, claims), stops that name their job, the foreign digest,
 kernel death and restarts, and the notebook export.  Real kernels, real sockets, real clients:
 the agent path over HTTP, humans over the websocket API and straight on the kernel's ZMQ ports

@@ -72,7 +72,7 @@ def test_install_user_no_enable_writes_unit(kgate_bin, tmp_path):
     assert s["Restart"] == ["on-failure"]
     assert s["NoNewPrivileges"] == ["yes"]
     assert s["PrivateTmp"] == ["no"]
-    assert s["KillMode"] == ["process"]  # kernels outlive kgate (DEV.md §4e)
+    assert s["KillMode"] == ["process"]  # kernels outlive kgate (docs/dev/readoption.md)
     assert s["WantedBy"] == ["default.target"]
     assert s["EnvironmentFile"] == [f"-{tmp_path / 'cfg' / 'kgate' / 'kgate.env'}"]
     assert "User" not in s and "Environment" not in s

@@ -1,4 +1,4 @@
-"""The sessions API (/api/sessions, README "Sessions"), in jupyter_server's shapes and status
+"""The sessions API (/api/sessions, docs/api.md "Sessions"), in jupyter_server's shapes and status
 codes, against a real kgate and real ipykernels.  @jupyterlab/services drives it too, in
 tests/e2e/e2e.mjs (notebook_session, notebook_lifecycle; test_mcp_e2e.py runs them)."""
 
@@ -142,7 +142,7 @@ def test_a_session_ends_with_its_kernel(kgate):
 
 
 def test_sessions_outlive_kgate_with_their_kernels(kgate_factory, kgate_bin):
-    """SIGTERM: kernels stay for the next kgate (DEV.md §4e), and their sessions come back with
+    """SIGTERM: kernels stay for the next kgate (docs/dev/readoption.md), and their sessions come back with
     them; a session whose kernel did not outlive kgate is gone."""
     kg = kgate_factory()
     kept, _ = create(kg, {"path": "kept.ipynb", "name": "kept", "type": "notebook"})

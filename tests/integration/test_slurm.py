@@ -111,7 +111,7 @@ def test_a_slurm_kernel_runs_in_its_job_and_is_cancelled_by_delete(kg, slurm):
         assert r.stdout.strip() == job
         # SIGINT to the kernel on the node, through the control link
         assert_interrupts_a_sleep(kg, kid, ws)
-    # kgate's kernel side reaches a launcher's kernel too (DEV.md §14).
+    # kgate's kernel side reaches a launcher's kernel too (docs/dev/kernel-side.md).
     side = kg.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("kgate_kernel_side") or {}
     assert side.get("installed") is True and all(v is True for v in side["features"].values()), side
     kg.delete_kernel(kid)

@@ -102,7 +102,7 @@ def test_an_ssh_kernel_executes_and_is_interrupted(kg, launcher):
         r = ws.execute("import os; print(os.getpid())")
         assert r.status == "ok", r
         assert_interrupts_a_sleep(kg, kid, ws)
-    # kgate's kernel side reaches a launcher's kernel too (DEV.md §14).
+    # kgate's kernel side reaches a launcher's kernel too (docs/dev/kernel-side.md).
     side = kg.rest("GET", f"/api/kgate/kernels/{kid}")[2].get("kgate_kernel_side") or {}
     assert side.get("installed") is True and all(v is True for v in side["features"].values()), side
     if launcher == "box":  # forwarded: kgate's connection file names its local ends

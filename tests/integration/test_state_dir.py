@@ -1,4 +1,4 @@
-"""kgate's state directory (DEV.md §4c): $XDG_STATE_HOME/kgate by default, --state-dir or
+"""kgate's state directory (docs/dev/kernel-lifecycle.md): $XDG_STATE_HOME/kgate by default, --state-dir or
 state_dir in kgate.toml; created 0700 and held by one kgate at a time."""
 import os
 import stat

@@ -238,7 +238,7 @@ ToolReply Translator::interrupt(Call& c) {
 
 namespace {
 
-// server_status's lines on kgate's kernel side (DEV.md §14): which features are on, which are off
+// server_status's lines on kgate's kernel side (docs/dev/kernel-side.md): which features are on, which are off
 // and why, and who was refused a shutdown.
 std::string kernel_side_text(const json& side) {
   std::string on, off;

@@ -250,7 +250,7 @@ json Translator::own_environment(const Endpoint& ep) const {
     if (eq == std::string::npos || eq == 0) continue;
     std::string name = kv.substr(0, eq);
     // kgate-mcp's own settings and every gateway's token stay here: a kernel's code (and so the
-    // model) would read them (DEV.md §9, "Tokens a client sends").
+    // model) would read them (docs/dev/security.md, "Tokens a client sends").
     if (name.rfind("KGATE_", 0) == 0 || is_token_env(name)) continue;
     env[name] = kv.substr(eq + 1);
   }

@@ -40,7 +40,7 @@ Config load_config();
 void parse_gateways(const std::string& text, const std::string& source, Config& cfg);
 
 // host "" = the default gateway; a name = gateways.toml; anything with "://" = that URL.
-// A token goes only where it belongs (DEV.md §9, "Tokens a client sends"): $KGATE_TOKEN to the
+// A token goes only where it belongs (docs/dev/security.md, "Tokens a client sends"): $KGATE_TOKEN to the
 // default gateway's URL, else the local kgate's own token (Endpoint::local_token, send_token) if
 // that URL is a loopback one whose listener is this user's (loopback_listener_is_ours); a
 // gateways.toml entry's to its

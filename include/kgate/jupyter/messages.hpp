@@ -44,7 +44,7 @@ struct ClientMessage {
   std::string msg_id;
   std::string msg_type;
   std::string route;  // the sender's route: replies to this message carry it back
-  std::string session;  // header.session ("" when absent): kgate's host session is refused (DEV.md §9)
+  std::string session;  // header.session ("" when absent): kgate's host session is refused (docs/dev/security.md)
 };
 
 }  // namespace kgate

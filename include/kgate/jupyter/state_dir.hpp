@@ -1,4 +1,4 @@
-// kgate's state directory (DEV.md §4c): where what outlives one kgate process is kept, held by
+// kgate's state directory (docs/dev/kernel-lifecycle.md): where what outlives one kgate process is kept, held by
 // one kgate at a time.
 #pragma once
 
@@ -29,12 +29,12 @@ class StateDir {
   ~StateDir();
 
   const std::filesystem::path& path() const { return dir_; }
-  // kgate's session id as its kernels' host (DEV.md §14): read from `host-session` (0600), or
+  // kgate's session id as its kernels' host (docs/dev/kernel-side.md): read from `host-session` (0600), or
   // made ("kgate-" + 32 hex digits) and written there, so a kgate that re-adopts kernels is
   // the host they were launched for. A file that is not such an id is replaced (logged by the
   // caller through `replaced`).
   std::string host_session(bool* replaced = nullptr) const;
-  // The gateway's own token (DEV.md §9, "The token"): read from `token` (0600), or made at the
+  // The gateway's own token (docs/dev/security.md, "The token"): read from `token` (0600), or made at the
   // first start (256 bits from RAND_bytes, as 64 hex digits) and written there; `created` says
   // which.  A file that is not such a token is an error naming it (a person's own token belongs
   // in --token, $KGATE_TOKEN or token_file, not in kgate's state).

@@ -48,7 +48,7 @@ class KernelObserver {
   // request (range, this session, with output): `history_reply` is the reply's content.  The
   // shell answers only once the cell it ran at the re-adoption, if any, has ended.
   virtual void on_kernel_readopted(const KernelPtr&, const std::string& /*history_reply*/) {}
-  // kgate's kernel side announced something on iopub (a kgate_event, DEV.md §14): its content.
+  // kgate's kernel side announced something on iopub (a kgate_event, docs/dev/kernel-side.md): its content.
   // Such messages go to observers only through here, never to clients.
   virtual void on_kernel_side_event(const KernelPtr&, const json& /*content*/) {}
 };
@@ -64,10 +64,10 @@ struct KernelModel {
   // stopped or wedged process), true again at the next answer; false when dead.
   bool responsive = true;
   double silent_seconds = 0;    // when not responsive and alive: since the first unanswered ping
-  // Where it runs (DEV.md §4f): null for a local kernel; for a launcher's, an object with
+  // Where it runs (docs/dev/remote-launchers.md): null for a local kernel; for a launcher's, an object with
   // launcher, kind, host/node, and for Slurm job_id, state and reason.
   json placement;
-  // kgate's kernel side in it (DEV.md §14, kernel_side.hpp): null until known, then
+  // kgate's kernel side in it (docs/dev/kernel-side.md, kernel_side.hpp): null until known, then
   // {"installed", "features": {name: true | "why off"}, "refused": [who tried to shut it down]}.
   json kernel_side;
   // The agent (AgentRef::agent) whose conversation made it as its auto kernel, "" for none: it is
@@ -119,7 +119,7 @@ class Kernel {
   // A re-adopted kernel's age counts from when the kgate before started it.
   void set_created(std::chrono::system_clock::time_point when);
   void set_process(int pid, std::filesystem::path file, ConnectionInfo conn);
-  // Merges `fields` into the placement (DEV.md §4f); null removes a field.
+  // Merges `fields` into the placement (docs/dev/remote-launchers.md); null removes a field.
   void update_placement(const json& fields);
   json placement() const;
   // At start, or at hand-out from the pool (before anyone else sees the kernel).
@@ -175,14 +175,14 @@ struct KernelOptions {
   std::size_t max_pending = 10000;      // requests awaiting a reply, per kernel
   std::size_t max_held = 1000;          // client messages held while starting/restarting
   std::size_t max_message_bytes = std::size_t{1} << 30;  // one message from a kernel
-  // Supervision (DEV.md §4d): the kgate-supervise binary each kernel is started under, so it
+  // Supervision (docs/dev/readoption.md): the kgate-supervise binary each kernel is started under, so it
   // can outlive this process; empty = kernels are direct children that die with it.
   std::filesystem::path supervisor;
   // How long a supervised kernel waits for a kgate to come back before it stops itself.
   std::chrono::milliseconds orphan_timeout{std::chrono::hours(1)};
-  // The kernel table (DEV.md §4e): <state dir>/kernels; empty = none kept.
+  // The kernel table (docs/dev/readoption.md): <state dir>/kernels; empty = none kept.
   std::filesystem::path table_dir;
-  // Remote launchers (DEV.md §4f): the registration endpoint's address (bound at the first
+  // Remote launchers (docs/dev/remote-launchers.md): the registration endpoint's address (bound at the first
   // remote start; port 0 = any) and where launch specs and job logs go (0700).
   std::string registration_ip = "127.0.0.1";
   int registration_port = 0;
@@ -194,7 +194,7 @@ struct KernelOptions {
   std::chrono::milliseconds link_timeout{60000};
   // How often queued and running Slurm jobs are looked up with squeue.
   std::chrono::milliseconds scheduler_poll{2000};
-  // kgate's session id as the kernels' host (DEV.md §14): handed to each kernel at launch
+  // kgate's session id as the kernels' host (docs/dev/kernel-side.md): handed to each kernel at launch
   // (KGATE_HOST_SESSION) and to its kernel side; kgate's own requests to a kernel carry it, or
   // it + "." + a per-kernel suffix. Kept in the state dir so re-adopted kernels know it; "" = a
   // fresh one for this manager.
@@ -215,11 +215,11 @@ struct StartRequest {
   // removed while still pooled.
   bool pooled = false;
   std::function<void(const std::string& id, const std::string& why)> on_pool_lost;
-  // A remote launcher (DEV.md §4f), its POST overrides applied; null = a local kernel.
+  // A remote launcher (docs/dev/remote-launchers.md), its POST overrides applied; null = a local kernel.
   LauncherPtr launcher;
 };
 
-// What a pooled kernel takes on at hand-out (DEV.md "Warm pool"): run in the kernel as one
+// What a pooled kernel takes on at hand-out (docs/dev/kernel-lifecycle.md "Warm pool"): run in the kernel as one
 // silent execute (no history, no execution count, no output) before anyone sees it.
 struct HandOut {
   std::map<std::string, std::string> env;  // set in os.environ
@@ -270,7 +270,7 @@ class KernelManager {
   // whether it could (false once the process is gone); `fn` gets nullptr if there is no such
   // kernel.  The I/O thread reaps kernels, so the pid cannot be reused under `fn`.
   void with_interrupt(const std::string& id, std::function<void(const std::function<bool()>*)> fn);
-  // Sends kgate's kernel side (DEV.md §14) a kgate_request with `content` on control; `done`
+  // Sends kgate's kernel side (docs/dev/kernel-side.md) a kgate_request with `content` on control; `done`
   // gets its kgate_reply's content, or nullopt: no answer within `timeout`, the kernel is not
   // ready, or it died or stopped first. `done` runs on the I/O thread, exactly once.
   void kernel_side_call(const std::string& id, json content, std::chrono::milliseconds timeout,
@@ -299,7 +299,7 @@ class KernelManager {
 
   // Since this kgate started (for /metrics): kernels that became ready after a launch (pooled
   // ones included; a re-adopted one is not launched), launches that failed (a failed restart
-  // too), and restarts that came back ready; from the kernel side (DEV.md §14): shutdown
+  // too), and restarts that came back ready; from the kernel side (docs/dev/kernel-side.md): shutdown
   // requests it refused to other clients, background tasks started, and closes before a stop,
   // answered or not.  Any thread.
   struct Counters {
@@ -311,7 +311,7 @@ class KernelManager {
   // Stops every kernel concurrently and waits (bounded by the shutdown graces).
   void shutdown_all();
 
-  // kgate stops, its kernels stay (SIGTERM, DEV.md §4e): every ready, supervised kernel that
+  // kgate stops, its kernels stay (SIGTERM, docs/dev/readoption.md): every ready, supervised kernel that
   // is not pooled is let go: its sockets close, its pending requests get an error reply, its
   // supervisor starts the orphan timeout, and its table entry and files stay for the next kgate.
   // The others (pooled, starting, restarting, direct children) are left for shutdown_all().
@@ -321,7 +321,7 @@ class KernelManager {
   // next kgate re-adopts it as it is now, even after a kill -9.
   void remember(const std::string& id);
 
-  // Re-adopts kernels that outlived an earlier kgate (DEV.md §4e), from its kernel table: each
+  // Re-adopts kernels that outlived an earlier kgate (docs/dev/readoption.md), from its kernel table: each
   // one's supervisor is reached and must still hold the same process (pid and start time); the
   // kernel is then listed at once (`starting`) with its id, spec, ports, key and connection
   // file, and becomes `idle` when it answers kernel_info on control.  Pooled ones are stopped.

@@ -1,4 +1,4 @@
-// kgate's half of the session kernel inside the kernel (DEV.md §14): the Python that kgate
+// kgate's half of the session kernel inside the kernel (docs/dev/kernel-side.md): the Python that kgate
 // installs into every ipykernel it launches (src/kernel/kgate_kernel_side.py, embedded at
 // build time), and how its answer is read.
 #pragma once

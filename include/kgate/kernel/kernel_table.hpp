@@ -1,5 +1,5 @@
 // The kernel table: one file per kernel in <state dir>/kernels/, so that a later kgate can
-// re-adopt kernels that outlived this one (DEV.md §4e).
+// re-adopt kernels that outlived this one (docs/dev/readoption.md).
 //
 // Each file is <id>.json, 0600, written to a temporary file, fsync'd and renamed over the old
 // one: a kill -9 at any instant leaves either the old entry or the new one.  A file that does
@@ -40,7 +40,7 @@ struct KernelTableEntry {
   // Its last activity, saved when kgate left it running (SIGTERM); 0 = not known (a kgate that
   // was killed saved none): the next kgate's cull clock then starts at the re-adoption.
   std::int64_t last_activity_unix_ms = 0;
-  // A remote launcher's kernel (DEV.md §4f), null for a local one: the launcher as it was
+  // A remote launcher's kernel (docs/dev/remote-launchers.md), null for a local one: the launcher as it was
   // configured ("launcher"), "slurm_job", "registered" (false: its job was still queued),
   // "control_link_port" and "placement".
   nlohmann::json remote;

@@ -3,7 +3,7 @@
 // The rules start from clikernel's rendering contract (reference/mcp.md §1.5): streams cleaned
 // as a terminal would show them, one mime per output, tags only when there are several outputs,
 // tracebacks capped per line with the exception line whole, and the total capped under Claude
-// Code's limit (§4.7).  Unlike clikernel, outputs keep the order the kernel sent them in (stdout,
+// Code's limit (docs/dev/kernel-lifecycle.md.7).  Unlike clikernel, outputs keep the order the kernel sent them in (stdout,
 // stderr and display_data interleaved, images in place), text/plain is preferred unless it is
 // only a default `<... object>` repr, and every text emitted is valid UTF-8 (kgate/utf8.hpp's
 // valid_utf8: ill-formed bytes become U+FFFD).  Pure functions:

@@ -1,4 +1,4 @@
-// Remote launchers (DEV.md §4f): kernels started as Slurm jobs or on SSH hosts, by a node-side
+// Remote launchers (docs/dev/remote-launchers.md): kernels started as Slurm jobs or on SSH hosts, by a node-side
 // launcher (`kgate node-launch`) that picks the ports, writes the connection file, starts the
 // kernel under a supervisor loop and registers back with one signed message.
 #pragma once
@@ -104,7 +104,7 @@ std::string slurm_end_reason(const std::string& job_id);
 // scancel; returns stderr on failure, "" on success.
 std::string slurm_cancel(const std::string& job_id);
 
-// ---- The registration (DEV.md §4f "Registration") ----
+// ---- The registration (docs/dev/remote-launchers.md "Registration") ----
 //
 // kgate writes a launch spec (0600, on the shared filesystem or through the SSH channel) with
 // the kernel's id, its connection key, a one-time registration secret and kgate's registration

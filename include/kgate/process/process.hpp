@@ -22,7 +22,7 @@ struct LaunchOptions {
   int pass_fd = -1;                            // >= 0: becomes the child's fd 3 (inherited)
   int stdin_fd = -1;                           // >= 0: the child's stdin; -1: /dev/null
 
-  // Supervised (DEV.md §4d): `supervisor` (the kgate-supervise binary) is started instead, with
+  // Supervised (docs/dev/readoption.md): `supervisor` (the kgate-supervise binary) is started instead, with
   // a socket to it as its fd 3, and it starts argv as its own child.  The ChildProcess then
   // stands for the kernel (pid(), signals, the exit status) through that socket, and the kernel
   // can outlive this process.  die_with_parent is then the kernel's tie to its supervisor.
@@ -57,7 +57,7 @@ class ChildProcess {
   static ChildProcess launch(const LaunchOptions& opts);
 
   // A kernel started by an earlier kgate, through a connection `fd` to its supervisor that
-  // already answered "pid <pid> <start_time>" (DEV.md §4e), `rest` being what it read after that
+  // already answered "pid <pid> <start_time>" (docs/dev/readoption.md), `rest` being what it read after that
   // line.  Takes `fd`.
   static ChildProcess adopt(int fd, pid_t pid, unsigned long long start_time, std::string rest = {});
   // Connects to the supervisor named `name` and reads its "pid" line within `timeout_ms`.
@@ -74,7 +74,7 @@ class ChildProcess {
     bool impostor = false;
   };
   static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms, pid_t supervisor_pid = 0);
-  // The same over a node launcher's TCP control link (DEV.md §4f): connects to ip:port within
+  // The same over a node launcher's TCP control link (docs/dev/remote-launchers.md): connects to ip:port within
   // `timeout_ms`, answers its challenge with `key`, then reads the "pid" line.
   static SupervisorHello connect_node(const std::string& ip, int port, const std::string& key,
                                       const std::string& kernel_id, int timeout_ms);
@@ -87,7 +87,7 @@ class ChildProcess {
   bool remote() const noexcept { return remote_; }
   // Its supervisor's link ended without an exit line (the supervisor died, or the network).
   bool lost() const noexcept { return sup_lost_; }
-  // A node launcher (DEV.md §4f) restarts the kernel in place when it next exits ("relaunch"),
+  // A node launcher (docs/dev/remote-launchers.md) restarts the kernel in place when it next exits ("relaunch"),
   // and then sends a new "pid" line on the same link.
   void request_relaunch() { if (sup_fd_ >= 0 && !reaped_) tell_supervisor("relaunch"); }
   // After the exit of a kernel whose supervisor stays (a relaunch): takes the link out, with

@@ -1,5 +1,5 @@
 // kgate-supervise: the small process that holds one kernel as its child, so the kernel can
-// outlive the kgate that started it (DEV.md §4d "Supervisors").
+// outlive the kgate that started it (docs/dev/readoption.md "Supervisors").
 //
 // kgate starts `kgate-supervise` with a connected socket as fd 3; the supervisor starts the
 // kernel (in a session of its own, PR_SET_PDEATHSIG on the supervisor), reports its pid, runs
@@ -32,7 +32,7 @@ struct SuperviseOptions {
   std::filesystem::path cwd;                 // the kernel's; empty = the supervisor's
   std::vector<std::string> argv;             // the kernel's; its env is the supervisor's
 
-  // The node launcher's (DEV.md §4f): a listening TCP socket for kgate's control link, which
+  // The node launcher's (docs/dev/remote-launchers.md): a listening TCP socket for kgate's control link, which
   // authenticates both ways, the launcher first.  A peer is sent "challenge2 <cN>"; it must send
   // "prove <cK>" (its own challenge) and is answered "proof <control_link_proof(auth_key,
   // kernel_id, cK, cN)>"; then it must send "auth <control_link_answer(auth_key, kernel_id, cN)>"

@@ -3,7 +3,7 @@
 // The store is fed by the kernel I/O thread (it is a KernelObserver) and read by the gateway's
 // Asio thread; one mutex guards it.  Every read is a read of memory, never a kernel round trip.
 // The agent path (submit, interrupt, claims, the digest) lives here too, so that a check and
-// the action it guards happen under the same lock the records are changed under.  DEV.md §8
+// the action it guards happen under the same lock the records are changed under.  docs/dev/records.md
 // describes the algorithms.
 #pragma once
 
@@ -41,7 +41,7 @@ struct RecordLimits {
   std::chrono::milliseconds claim_grace{10000};  // a dropped agent connection stays alive this long
   std::chrono::milliseconds reply_grace{5000};   // execute_reply without its idle: ended after this
   std::size_t max_restart_marks = 1000;
-  // Records on disk, for a later kgate that re-adopts the kernels (DEV.md §4e): each change is
+  // Records on disk, for a later kgate that re-adopts the kernels (docs/dev/readoption.md): each change is
   // written at once, and fdatasync'd within sync_interval.
   bool persist = true;
   std::chrono::milliseconds sync_interval{500};
@@ -114,7 +114,7 @@ struct Job {
   // How long an input() may wait for its answer before kgate interrupts the cell (execute's
   // input_timeout; zero: as long as the cell runs).
   std::chrono::milliseconds input_timeout{0};
-  // A background task (DEV.md §14): its starting cell's request announced it (task_start), so
+  // A background task (docs/dev/kernel-side.md): its starting cell's request announced it (task_start), so
   // its end is the task's (task_end), never the starting cell's idle, and no cell ends it.
   bool task = false;
 
@@ -207,7 +207,7 @@ class JobStore final : public KernelObserver {
  public:
   using Clock = std::chrono::steady_clock;
   // `session`: kgate's own session id for the agent's cells (the kernels' host session,
-  // DEV.md §14); "" = a fresh one.
+  // docs/dev/kernel-side.md); "" = a fresh one.
   explicit JobStore(RecordLimits limits, std::string session = {});
 
   const RecordLimits& limits() const { return limits_; }
@@ -294,7 +294,7 @@ class JobStore final : public KernelObserver {
   std::size_t bytes() const;  // what the records hold (for the budget)
   JobStats stats() const;
 
-  // Records on disk (DEV.md §4e).  `log` outlives the store; set before restore() and before any
+  // Records on disk (docs/dev/readoption.md).  `log` outlives the store; set before restore() and before any
   // kernel message arrives.
   void persist_to(RecordLog* log) { log_ = log; }
   // Reads back the records an earlier kgate left for the kernels it is re-adopting (`loaded`,

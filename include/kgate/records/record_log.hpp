@@ -1,5 +1,5 @@
 // The job records on disk: one append-only log per kernel in <state dir>/records/, so that a later
-// kgate that re-adopts the kernel has its records too (DEV.md §4e).
+// kgate that re-adopts the kernel has its records too (docs/dev/readoption.md).
 //
 // A log is lines of JSON: a header line ({"format": "kgate-records", "version": 1, "kernel": id})
 // and then the lines the job store appends (JobStore says what they hold).  Each append is one

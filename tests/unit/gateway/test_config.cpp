@@ -449,7 +449,7 @@ TEST(LoadConfig, PoolErrors) {
   expect_config_error("[limits]\nmax_kernels = -1\n", "limits.max_kernels");
 }
 
-// ---- launchers (DEV.md §4f) ---------------------------------------------------------------
+// ---- launchers (docs/dev/remote-launchers.md) ---------------------------------------------------------------
 
 TEST(LoadConfig, Launchers) {
   ConfigDir dir;

@@ -1,4 +1,4 @@
-// Unit tests for the remote launchers' pure parts (launcher.hpp, DEV.md §4f): the sbatch and
+// Unit tests for the remote launchers' pure parts (launcher.hpp, docs/dev/remote-launchers.md): the sbatch and
 // ssh command lines, POST overrides, the kernel table's copy of a launcher, the control link's
 // challenge answer.
 #include "kgate/process/launcher.hpp"

@@ -392,7 +392,7 @@ TEST(DeathSignal, WithoutItTheGrandchildSurvives) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Supervised launches (kgate-supervise, DEV.md §4d): the ChildProcess stands for the kernel
+// Supervised launches (kgate-supervise, docs/dev/readoption.md): the ChildProcess stands for the kernel
 
 int g_sup_seq = 0;
 

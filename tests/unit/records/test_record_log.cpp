@@ -1,5 +1,5 @@
 // Unit tests for the job records on disk: RecordLog's files (append, torn lines, versions, the
-// counter) and a JobStore's records read back by another JobStore (DEV.md §4e).
+// counter) and a JobStore's records read back by another JobStore (docs/dev/readoption.md).
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
