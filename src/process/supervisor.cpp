@@ -134,7 +134,7 @@ int supervise(const SuperviseOptions& o) {
   std::vector<Client> clients;
   if (o.control_fd >= 0) {
     ::fcntl(o.control_fd, F_SETFD, FD_CLOEXEC);
-    clients.push_back({o.control_fd, {}});
+    clients.push_back(Client{o.control_fd, {}, {}, {}, {}});
   }
   auto fail = [&](int stage, int err) {
     for (auto& c : clients) write_line(c.fd, "error " + std::to_string(stage) + " " + std::to_string(err));
@@ -262,7 +262,7 @@ int supervise(const SuperviseOptions& o) {
           continue;
         }
         write_line(cfd, hello);
-        clients.push_back({cfd, {}});
+        clients.push_back(Client{cfd, {}, {}, {}, {}});
         orphaned = false;
       }
     }
