@@ -42,7 +42,7 @@ void KernelManager::Impl::send_now(KernelIo& k, ClientMessage& m) {
     return;
   }
   if (expects_reply(m)) {
-    k.pending.emplace(m.msg_id, Pending{m.channel, m.msg_type, m.wire.header, m.route});
+    k.pending.emplace(m.msg_id, PendingRequest{m.channel, m.msg_type, m.wire.header, m.route});
     if (m.channel == Channel::control) k.remember_control(m.msg_id);
   }
   k.kernel->touch();  // a client's message is activity too (idle culling)
@@ -179,7 +179,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       json content = json::parse(m.wire.content, nullptr, false);
       std::string state = content.is_object() ? content.value("execution_state", "") : "";
       // The busy/idle around a control request says nothing about the shell: skip it.
-      if (k.phase == Phase::ready && !control_parent && !k.readiness_ids.count(m.parent_msg_id) &&
+      if (k.phase == KernelPhase::ready && !control_parent && !k.readiness_ids.count(m.parent_msg_id) &&
           (state == "busy" || state == "idle"))
         k.kernel->set_state(state);
       if (k.handout && state == "idle" && m.parent_msg_id == k.handout->msg_id) {
@@ -189,7 +189,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
         return;
       }
     }
-    if (k.phase == Phase::launching || k.phase == Phase::restarting) {
+    if (k.phase == KernelPhase::launching || k.phase == KernelPhase::restarting) {
       k.iopub_seen = true;
       check_ready(k);
     }
@@ -213,7 +213,7 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
   if (k.internal.erase(m.parent_msg_id)) {
     if (!k.history_probe.empty() && m.parent_msg_id == k.history_probe) {
       k.history_probe.clear();
-      if (k.phase == Phase::ready && k.kernel->execution_state() == "busy") k.kernel->set_state("idle");
+      if (k.phase == KernelPhase::ready && k.kernel->execution_state() == "busy") k.kernel->set_state("idle");
       for (auto* o : observers) o->on_kernel_readopted(k.kernel, m.wire.content);
       if (k.hold_shell) release_shell(k);
       return;
@@ -238,12 +238,12 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       }
       return;
     }
-    if (m.msg_type == "kernel_info_reply" && (k.phase == Phase::launching || k.phase == Phase::restarting)) {
+    if (m.msg_type == "kernel_info_reply" && (k.phase == KernelPhase::launching || k.phase == KernelPhase::restarting)) {
       json info = json::parse(m.wire.content, nullptr, false);
       if (info.is_object()) k.implementation = info.value("implementation", "");
       k.ready_reply = true;
       check_ready(k);
-      if ((k.phase == Phase::launching || k.phase == Phase::restarting) && !k.iopub_seen) {
+      if ((k.phase == KernelPhase::launching || k.phase == KernelPhase::restarting) && !k.iopub_seen) {
         // The kernel answers, but its busy/idle went out before our SUB was live: ask again
         // soon (the kernel is up now) instead of at the 500 ms resend.
         auto id = k.kernel->id();
@@ -418,7 +418,7 @@ void KernelManager::Impl::poll_once() {
     if (s.kind == 9) {
       if (k->tunnel.try_reap()) {
         spdlog::warn("kernel {}: its SSH forwarding ended ({})", s.id, k->tunnel.describe_exit());
-        if (k->phase == Phase::ready) link_lost(*k, "the SSH connection dropped");
+        if (k->phase == KernelPhase::ready) link_lost(*k, "the SSH connection dropped");
       }
       continue;
     }

@@ -241,7 +241,7 @@ void KernelManager::Impl::save_entry(KernelIo& k, bool with_activity) {
 
 void KernelManager::Impl::attach(KernelIo& k) {
   ++k.epoch;
-  k.phase = Phase::launching;
+  k.phase = KernelPhase::launching;
   await_ready(k);
 }
 
@@ -253,7 +253,7 @@ std::size_t KernelManager::detach_all() {
     std::size_t n = 0;
     for (auto it = m.io.begin(); it != m.io.end();) {
       KernelIo& k = *it->second;
-      if (!m.table.enabled() || k.phase != Phase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout) {
+      if (!m.table.enabled() || k.phase != KernelPhase::ready || !k.proc.supervised() || k.kernel->pooled() || k.handout) {
         ++it;
         continue;
       }
@@ -374,7 +374,7 @@ void KernelManager::hand_out(const std::string& id, HandOut h, std::function<voi
     Impl& m = *impl_;
     KernelIo* k = m.find(id);
     if (!k || !k->kernel->pooled()) return done(StartResult{nullptr, "no such pooled kernel"});
-    if (k->phase != Phase::ready || k->handout)
+    if (k->phase != KernelPhase::ready || k->handout)
       return done(StartResult{nullptr, "the pooled kernel is not ready"});
     json content = {{"code", handout_code(h)}, {"silent", true},       {"store_history", false},
                     {"user_expressions", json::object()}, {"allow_stdin", false}, {"stop_on_error", true}};
@@ -395,7 +395,7 @@ void KernelManager::hand_out(const std::string& id, HandOut h, std::function<voi
 void KernelManager::remember(const std::string& id) {
   impl_->post([this, id] {
     KernelIo* k = impl_->find(id);
-    if (k && k->phase == Phase::ready && !k->kernel->pooled()) impl_->save_entry(*k);
+    if (k && k->phase == KernelPhase::ready && !k->kernel->pooled()) impl_->save_entry(*k);
   });
 }
 
@@ -407,7 +407,7 @@ void KernelManager::shutdown(const std::string& id, std::function<void(bool)> do
       return;
     }
     k->stop_waiters.push_back(std::move(done));
-    if (k->phase == Phase::stopping && !k->restart_requested) return;  // already on its way
+    if (k->phase == KernelPhase::stopping && !k->restart_requested) return;  // already on its way
     k->restart_requested = false;
     impl_->begin_stop(*k, /*restart=*/false);
   });
@@ -420,12 +420,12 @@ void KernelManager::restart(const std::string& id, std::function<void(StartResul
       done(StartResult{nullptr, {}});
       return;
     }
-    if (k->phase == Phase::stopping && !k->restart_requested) {
+    if (k->phase == KernelPhase::stopping && !k->restart_requested) {
       done(StartResult{nullptr, "kernel is shutting down"});
       return;
     }
     k->start_waiters.push_back(std::move(done));
-    if (k->phase == Phase::stopping || k->phase == Phase::restarting) return;  // joins it
+    if (k->phase == KernelPhase::stopping || k->phase == KernelPhase::restarting) return;  // joins it
     impl_->begin_stop(*k, /*restart=*/true);
   });
 }
@@ -462,7 +462,7 @@ void KernelManager::kernel_side_call(const std::string& id, json content, std::c
   impl_->post([this, id, content = std::move(content), timeout, done = std::move(done)]() mutable {
     Impl& m = *impl_;
     KernelIo* k = m.find(id);
-    if (!k || k->phase != Phase::ready) return done(std::nullopt);
+    if (!k || k->phase != KernelPhase::ready) return done(std::nullopt);
     if (m.side_call(*k, std::move(content), timeout, done).empty()) done(std::nullopt);
   });
 }
@@ -485,7 +485,7 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
     KernelIo* k = impl_->find(id);
     if (!k) return;  // removed: its clients are being closed
     switch (k->phase) {
-      case Phase::ready:
+      case KernelPhase::ready:
         if (k->link_down) {  // a remote kernel's link is being reconnected
           if (k->held.size() >= impl_->opts.max_held)
             impl_->refuse(*k, msg, "KernelUnreachable", "kgate: too many messages held while the kernel is unreachable");
@@ -500,8 +500,8 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
           impl_->send_now(*k, msg);
         }
         break;
-      case Phase::launching:
-      case Phase::restarting:
+      case KernelPhase::launching:
+      case KernelPhase::restarting:
         if (k->held.size() >= impl_->opts.max_held)
           impl_->refuse(*k, msg, "KernelStarting",
                         "kgate: " + std::to_string(impl_->opts.max_held) +
@@ -509,7 +509,7 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
         else
           k->held.push_back(std::move(msg));
         break;
-      case Phase::stopping:
+      case KernelPhase::stopping:
         if (k->restart_requested) {
           if (k->held.size() >= impl_->opts.max_held)
             impl_->refuse(*k, msg, "KernelStarting", "kgate: too many messages held during restart");
@@ -519,7 +519,7 @@ void KernelManager::send(const std::string& id, ClientMessage msg) {
           impl_->refuse(*k, msg, "KernelShutdown", "kgate: the kernel is shutting down");
         }
         break;
-      case Phase::dead: {
+      case KernelPhase::dead: {
         std::string reason = k->kernel->model().reason;
         impl_->refuse(*k, msg, "KernelDied", "kgate: the kernel is dead (" + reason + ")");
         break;

@@ -75,9 +75,9 @@ void wait_forwarding(int local_port, const std::function<bool()>& gone);
 // ---------------------------------------------------------------------------------------
 // I/O-thread state of one kernel
 
-enum class Phase { launching, ready, restarting, stopping, dead };
+enum class KernelPhase { launching, ready, restarting, stopping, dead };
 
-struct Pending {
+struct PendingRequest {  // a client request awaiting its reply
   Channel channel;
   std::string msg_type;
   std::string header;  // the request's header text: the parent of a synthesized reply
@@ -129,7 +129,7 @@ struct KernelIo {
   // routing identity is session-gen, because the kernel's ROUTER may still hold the old
   // connection under the old identity (no handover) and would route our replies there.
   unsigned socket_gen = 0;
-  Phase phase = Phase::launching;
+  KernelPhase phase = KernelPhase::launching;
   int attempts = 0;
   std::uint64_t epoch = 0;  // bumped per launch: stale timers check it
 
@@ -166,7 +166,7 @@ struct KernelIo {
   std::optional<HandOutWait> handout;
 
   std::deque<ClientMessage> held;  // client messages waiting for readiness
-  std::unordered_map<std::string, Pending> pending;
+  std::unordered_map<std::string, PendingRequest> pending;
   std::unordered_set<std::string> internal;  // msg_ids of kgate's own requests
   std::deque<std::string> recent_control;    // control msg_ids whose statuses are ignored
 

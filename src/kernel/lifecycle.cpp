@@ -81,7 +81,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
                k.proc.pid(), k.attempts);
 
   open_sockets(k);
-  k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
+  k.phase = k.phase == KernelPhase::restarting ? KernelPhase::restarting : KernelPhase::launching;
   k.ready_reply = false;
   k.iopub_seen = false;
   k.info_sent = 0;
@@ -214,7 +214,7 @@ std::string KernelManager::Impl::readiness_missing(const KernelIo& k) const {
 }
 
 void KernelManager::Impl::send_kernel_info(KernelIo& k) {
-  if (k.phase != Phase::launching && k.phase != Phase::restarting) return;
+  if (k.phase != KernelPhase::launching && k.phase != KernelPhase::restarting) return;
   const auto now = Clock::now();
   if (now > k.ready_deadline) {
     fail_start(k, "kernel did not become ready within " + std::to_string(opts.ready_timeout.count() / 1000) +
@@ -267,14 +267,14 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
 
 void KernelManager::Impl::check_ready(KernelIo& k) {
   // A re-adopted kernel is not held to its heartbeat: one that never had one was running so.
-  if ((k.phase == Phase::launching || k.phase == Phase::restarting) && k.ready_reply &&
+  if ((k.phase == KernelPhase::launching || k.phase == KernelPhase::restarting) && k.ready_reply &&
       k.iopub_seen && k.stdin_up && (k.hb_ok || k.adopted))
     became_ready(k);
 }
 
 void KernelManager::Impl::became_ready(KernelIo& k) {
-  bool was_restart = k.phase == Phase::restarting;
-  k.phase = Phase::ready;
+  bool was_restart = k.phase == KernelPhase::restarting;
+  k.phase = KernelPhase::ready;
   k.restart_requested = false;
   ++k.epoch;  // cancels the readiness resend timer
   k.attempts = 0;
@@ -367,11 +367,11 @@ void KernelManager::Impl::release_shell(KernelIo& k) {
   k.hold_shell = false;
   auto held = std::move(k.held);
   k.held.clear();
-  if (k.phase == Phase::dead) {  // every request gets its one reply
+  if (k.phase == KernelPhase::dead) {  // every request gets its one reply
     for (auto& m : held) refuse(k, m, "KernelDied", "kgate: the kernel died");
     return;
   }
-  if (k.phase != Phase::ready) {  // restarting or stopping meanwhile: they wait for that instead
+  if (k.phase != KernelPhase::ready) {  // restarting or stopping meanwhile: they wait for that instead
     k.held = std::move(held);
     return;
   }
@@ -387,7 +387,7 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
     k.proc.wait_for_exit(1000);
   }
   close_sockets(k);
-  k.phase = Phase::dead;
+  k.phase = KernelPhase::dead;
   k.kernel->set_state("dead", why);
   fail_pending(k, "KernelStartFailed", why);
   for (auto& m : k.held) refuse(k, m, "KernelStartFailed", why);
@@ -412,7 +412,7 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
 
 void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t epoch) {
   KernelIo* k = find(id);
-  if (!k || k->epoch != epoch || k->phase != Phase::ready || !k->hb) return;
+  if (!k || k->epoch != epoch || k->phase != KernelPhase::ready || !k->hb) return;
   if (k->hb_waiting) {
     ++k->hb_misses;
     if (k->hb_misses >= opts.heartbeat_misses && !k->hb_warned) {
@@ -449,7 +449,7 @@ void KernelManager::Impl::on_hb(KernelIo& k) {
 
 void KernelManager::Impl::on_exit(KernelIo& k) {
   if (!k.proc.try_reap()) return;
-  if (k.remote() && k.proc.lost() && k.phase == Phase::ready) {
+  if (k.remote() && k.proc.lost() && k.phase == KernelPhase::ready) {
     // A remote kernel's link ended without its end: the network, or the SSH forwarding.  It is
     // unreachable, not dead, until link_timeout (or its scheduler says its job ended).
     link_lost(k, "its control link dropped");
@@ -458,8 +458,8 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
   std::string how = k.proc.describe_exit();
   auto id = k.kernel->id();
   switch (k.phase) {
-    case Phase::launching:
-    case Phase::restarting:
+    case KernelPhase::launching:
+    case KernelPhase::restarting:
       if (k.remote()) {  // a new job would fail the same way: say why, with the job's log
         fail_start(k, "the kernel " + how + " during startup on " +
                           k.kernel->placement().value("host", std::string("its node")) + " (see " +
@@ -478,7 +478,7 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
                           " attempts)");
       }
       return;
-    case Phase::ready: {
+    case KernelPhase::ready: {
       if (k.kernel->pooled()) {  // nobody used it: drop it, the pool starts another
         spdlog::warn("kernel {}: pooled kernel {}; removed", id, how);
         finish_removal(k);
@@ -498,7 +498,7 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
           }
           post([this, id, epoch, how, job, sched] {
             KernelIo* kk = find(id);
-            if (!kk || kk->epoch != epoch || kk->phase != Phase::ready) return;
+            if (!kk || kk->epoch != epoch || kk->phase != KernelPhase::ready) return;
             if (!sched.empty()) kk->kernel->update_placement({{"state", sched.substr(0, sched.find(' '))}});
             die(*kk, how + "; Slurm job " + job + (sched.empty() ? " ended" : ": " + sched));
           });
@@ -508,10 +508,10 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
       die(k, how);
       return;
     }
-    case Phase::stopping:
+    case KernelPhase::stopping:
       if (k.restart_requested && k.remote() && relaunched_in_place(k)) return;
       if (k.restart_requested) {
-        k.phase = Phase::restarting;
+        k.phase = KernelPhase::restarting;
         k.attempts = 0;
         try {
           launch(k, /*fresh_ports=*/false);
@@ -522,7 +522,7 @@ void KernelManager::Impl::on_exit(KernelIo& k) {
       }
       finish_removal(k);
       return;
-    case Phase::dead:
+    case KernelPhase::dead:
       return;
   }
 }
@@ -533,7 +533,7 @@ void KernelManager::Impl::die(KernelIo& k, const std::string& how) {
   if (k.tunnel.running()) k.tunnel.signal(SIGTERM);
   spdlog::error("kernel {}: died ({})", id, how);
   close_sockets(k);
-  k.phase = Phase::dead;
+  k.phase = KernelPhase::dead;
   k.kernel->set_state("dead", "kernel " + how);
   lifecycle(k, KernelLifecycle::died, "the kernel " + how);
   fail_pending(k, "KernelDied", "kgate: the kernel " + how);
@@ -552,7 +552,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   if (!k.proc.running()) {
     if (restart) {
       k.restart_requested = true;
-      k.phase = Phase::restarting;
+      k.phase = KernelPhase::restarting;
       k.kernel->set_state("restarting");
       broadcast_status(k, "restarting");
       k.attempts = 0;
@@ -577,7 +577,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
   k.held.clear();
   k.kernel->set_state(restart ? "restarting" : k.kernel->execution_state());
   if (restart) broadcast_status(k, "restarting");
-  k.phase = Phase::stopping;
+  k.phase = KernelPhase::stopping;
   ++k.epoch;
   if (restart && k.remote()) k.proc.request_relaunch();  // in the same allocation (docs/dev/remote-launchers.md)
   // The graceful close first (docs/dev/kernel-side.md): the kernel side stops the cell and the task that run
@@ -594,7 +594,7 @@ void KernelManager::Impl::begin_stop(KernelIo& k, bool restart) {
       k.side_calls[sent] = [this, id, sent](std::optional<json> answer) {
         KernelIo* kk = find(id);
         // Gone, superseded by another stop, or its process already exited (being removed).
-        if (!kk || kk->closing != sent || kk->phase != Phase::stopping || !kk->sockets_open()) return;
+        if (!kk || kk->closing != sent || kk->phase != KernelPhase::stopping || !kk->sockets_open()) return;
         kk->closing.clear();
         ++(answer ? closes_answered : closes_unanswered);
         if (!answer)
@@ -636,12 +636,12 @@ void KernelManager::Impl::send_shutdown(KernelIo& k) {
   auto epoch = k.epoch;
   after(opts.shutdown_grace, [this, id, epoch] {
     KernelIo* kk = find(id);
-    if (!kk || kk->epoch != epoch || kk->phase != Phase::stopping) return;
+    if (!kk || kk->epoch != epoch || kk->phase != KernelPhase::stopping) return;
     spdlog::info("kernel {}: no exit after shutdown_request; SIGTERM", id);
     kk->proc.signal_group(SIGTERM);
     after(opts.terminate_grace, [this, id, epoch] {
       KernelIo* k3 = find(id);
-      if (!k3 || k3->epoch != epoch || k3->phase != Phase::stopping) return;
+      if (!k3 || k3->epoch != epoch || k3->phase != KernelPhase::stopping) return;
       spdlog::warn("kernel {}: no exit after SIGTERM; SIGKILL", id);
       k3->proc.signal_group(SIGKILL);
     });
@@ -715,13 +715,13 @@ static std::string seconds_text(std::chrono::milliseconds d) {
 
 bool KernelManager::Impl::cull_now(KernelIo& k, const CullRequest& req) {
   auto id = k.kernel->id();
-  if (k.phase == Phase::dead) {
+  if (k.phase == KernelPhase::dead) {
     // jupyter_server's culler shuts dead kernels down at its next pass; so does kgate's.
     spdlog::info("kernel {}: culling the dead kernel ({})", id, k.kernel->model().reason);
     begin_stop(k, /*restart=*/false);  // not running: removed at once
     return true;
   }
-  if (k.phase != Phase::ready) return false;
+  if (k.phase != KernelPhase::ready) return false;
   int connections = k.kernel->connections();
   auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(k.kernel->idle_for());
   std::string reason;

@@ -154,7 +154,7 @@ void KernelManager::Impl::link_lost(KernelIo& k, const std::string& why) {
 
 void KernelManager::Impl::reconnect_try(const std::string& id, std::uint64_t epoch) {
   KernelIo* k = find(id);
-  if (!k || k->epoch != epoch || !k->link_down || k->link_out || k->phase != Phase::ready) return;
+  if (!k || k->epoch != epoch || !k->link_down || k->link_out || k->phase != KernelPhase::ready) return;
   if (Clock::now() - k->link_down_since > opts.link_timeout)
     return die(*k, "unreachable for " + std::to_string(opts.link_timeout.count() / 1000) + " s (" + k->link_why + ")");
   open_link(*k, /*reconnect=*/true);
@@ -182,7 +182,7 @@ bool KernelManager::Impl::relaunched_in_place(KernelIo& k) {
                  k.kernel->id(), hello.why);
     return false;
   }
-  k.phase = Phase::restarting;
+  k.phase = KernelPhase::restarting;
   k.attempts = 1;
   ++k.epoch;
   k.proc = ChildProcess::adopt(hello.fd, hello.pid, hello.start_time, std::move(hello.rest));
@@ -323,7 +323,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
         // Listed dead until DELETE (or restarted in place), as a kernel that died under this
         // kgate would be; its table entry stays until then, so another restart reports it too.
         ref.adopted = false;
-        ref.phase = Phase::dead;
+        ref.phase = KernelPhase::dead;
         if (ref.tunnel.running()) ref.tunnel.signal(SIGTERM);
         kernel->set_state("dead", dead);
         std::error_code ec;

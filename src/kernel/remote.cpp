@@ -74,7 +74,7 @@ void KernelManager::Impl::launch_remote(KernelIo& k) {
   k.running_since = {};
   k.link_down = false;
   k.stall_relaunched = true;  // no stall relaunch: that would be another job
-  k.phase = k.phase == Phase::restarting ? Phase::restarting : Phase::launching;
+  k.phase = k.phase == KernelPhase::restarting ? KernelPhase::restarting : KernelPhase::launching;
   if (k.tunnel.running()) {  // a new launch has new ports: the old forwards go
     k.tunnel.signal(SIGTERM);
     k.tunnel.wait_for_exit(1000);
@@ -179,7 +179,7 @@ void KernelManager::Impl::scheduler_arm() {
 void KernelManager::Impl::scheduler_tick() {
   std::vector<std::string> jobs;
   for (auto& [id, kp] : io)
-    if (kp->remote() && !kp->slurm_job.empty() && kp->phase != Phase::dead) jobs.push_back(kp->slurm_job);
+    if (kp->remote() && !kp->slurm_job.empty() && kp->phase != KernelPhase::dead) jobs.push_back(kp->slurm_job);
   if (jobs.empty()) return;
   scheduler_arm();
   if (sched_out) return;  // one squeue at a time
@@ -220,7 +220,7 @@ void KernelManager::Impl::on_scheduler(const std::vector<std::string>& jobs,
       if (!it->second.node.empty() && it->second.node != "(null)") fields["node"] = it->second.node;
     }
     k->kernel->update_placement(fields);
-    if (k->link_down && !slurm_state_live(state) && k->phase == Phase::ready) {
+    if (k->link_down && !slurm_state_live(state) && k->phase == KernelPhase::ready) {
       std::string reason = it == by_id.end() ? "" : it->second.reason;
       die(*k, "unreachable (" + k->link_why + "), and its Slurm job " + k->slurm_job + " ended: " + state +
                   (reason.empty() || reason == "None" ? "" : " (" + reason + ")"));
