@@ -6,7 +6,8 @@
 #include <boost/beast/core/detect_ssl.hpp>
 #include <spdlog/spdlog.h>
 
-#include "api/api.hpp"
+#include "http/auth.hpp"
+#include "http/request.hpp"
 #include "http/routes.hpp"
 #include "http/http_io.hpp"
 #include "http/listener.hpp"
@@ -143,7 +144,7 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
   // CORS: every answer to a listed Origin carries Access-Control-Allow-Origin (errors too, so
   // the page can read them); a preflight's answer has its own.
   const std::string origin(req[http::field::origin]);
-  if (auto refusal = check_request(server_, req, RequestContext{peer_loopback_, is_unix(stream_)})) {
+  if (auto refusal = check_request(server_.options(), req, RequestContext{peer_loopback_, is_unix(stream_)})) {
     if (!is_cors_preflight(req)) add_cors_headers(server_.options(), origin, *refusal);
     return write(std::move(*refusal));
   }

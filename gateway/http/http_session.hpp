@@ -10,10 +10,13 @@
 
 #include <boost/beast/http/parser.hpp>
 
-#include "api/api.hpp"
+#include "http/auth.hpp"
+#include "http/request.hpp"
 #include "http/stream.hpp"
 
 namespace kgate::gw {
+
+class Server;
 
 class Server;
 

@@ -11,10 +11,13 @@
 #include <string_view>
 #include <vector>
 
-#include "api/api.hpp"
+#include "http/auth.hpp"
+#include "http/request.hpp"
 #include "http/stream.hpp"
 
 namespace kgate::gw {
+
+class Server;
 
 // One request on its way to its handler.  It lives only for the handler's call: a handler that
 // answers later takes what it needs (respond, the request's version and keep-alive) by value,

@@ -297,7 +297,7 @@ class CheckRequest : public ::testing::Test {
   }
   // The status check_request answers, or 200 when it lets the request through.
   static unsigned status(const Server& s, const Request& req) {
-    auto r = check_request(s, req);
+    auto r = check_request(s.options(), req);
     if (!r) return 200;
     const json body = json::parse(r->body(), nullptr, false);
     EXPECT_TRUE(body.is_object() && body.contains("message") && body.contains("reason")) << r->body();
@@ -335,7 +335,7 @@ TEST_F(CheckRequest, ForeignHostIsRefusedOnLoopback) {
   Server& s = server();
   for (const char* host : {"evil.example:8787", "evil.example", "10.0.0.1:8787", "[2001:db8::1]:8787",
                            "0.0.0.0:8787", "localhost.evil.example", "localhostx:8787"}) {
-    auto r = check_request(s, get("/api/kernels", host));
+    auto r = check_request(s.options(), get("/api/kernels", host));
     ASSERT_TRUE(r.has_value()) << host;
     EXPECT_EQ(r->result(), http::status::forbidden) << host;
     EXPECT_EQ(json::parse(r->body()).value("reason", ""), "Forbidden");
@@ -409,7 +409,7 @@ TEST_F(CheckRequest, OriginRefusalBody) {
   Server& s = server();
   Request req = get("/api/kernels");
   req.set(http::field::origin, "http://evil.example");
-  auto r = check_request(s, req);
+  auto r = check_request(s.options(), req);
   ASSERT_TRUE(r.has_value());
   const json body = json::parse(r->body());
   EXPECT_EQ(body.value("reason", ""), "Forbidden");
@@ -455,7 +455,7 @@ TEST_F(CheckRequest, NoTokenConfiguredAllowsAll) {
 TEST_F(CheckRequest, Token) {
   Server& s = server(with_token("s3cret"));
 
-  auto r = check_request(s, get("/api/kernels"));
+  auto r = check_request(s.options(), get("/api/kernels"));
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result(), http::status::unauthorized);
   EXPECT_EQ(json::parse(r->body()).value("reason", ""), "Unauthorized");
@@ -499,7 +499,7 @@ TEST_F(CheckRequest, OwnTokenIsMadeOnceKeptAndAskedOnTcpOnly) {
     EXPECT_EQ(status(s, get("/api/kernels")), 401u);
     EXPECT_EQ(status(s, get("/api/kernels?token=" + token)), 200u);
     RequestContext unix_peer{true, true};  // the owner on the Unix socket: its uid was checked
-    EXPECT_FALSE(check_request(s, get("/api/kernels"), unix_peer).has_value());
+    EXPECT_FALSE(check_request(s.options(), get("/api/kernels"), unix_peer).has_value());
     servers_.clear();  // frees the state dir
   }
   GatewayOptions again;
@@ -515,7 +515,7 @@ TEST_F(CheckRequest, OwnTokenIsMadeOnceKeptAndAskedOnTcpOnly) {
 TEST_F(CheckRequest, GivenTokenIsAskedOnTheUnixSocketToo) {
   Server& s = server(with_token("s3cret"));
   RequestContext unix_peer{true, true};
-  EXPECT_EQ(check_request(s, get("/api/kernels"), unix_peer)->result(), http::status::unauthorized);
+  EXPECT_EQ(check_request(s.options(), get("/api/kernels"), unix_peer)->result(), http::status::unauthorized);
 }
 
 TEST_F(CheckRequest, QueryTokenIsReadBeforeTheHeader) {
@@ -559,7 +559,7 @@ TEST_F(CheckRequest, PreflightFromAListedOriginIsAnsweredWithoutAToken) {
   GatewayOptions o = with_token("s3cret");
   o.allow_origins = {"https://app.example"};
   Server& s = server(o);
-  auto r = check_request(s, preflight("https://app.example", "POST", "authorization, content-type"));
+  auto r = check_request(s.options(), preflight("https://app.example", "POST", "authorization, content-type"));
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result(), http::status::no_content) << r->body();
   EXPECT_EQ((*r)[http::field::access_control_allow_origin], "https://app.example");
@@ -576,7 +576,7 @@ TEST_F(CheckRequest, PreflightWithoutRequestedHeadersGetsTheJupyterList) {
   GatewayOptions o;
   o.allow_origins = {"https://app.example/"};  // a trailing slash in the config still matches
   Server& s = server(o);
-  auto r = check_request(s, preflight("https://App.Example", "DELETE"));
+  auto r = check_request(s.options(), preflight("https://App.Example", "DELETE"));
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result(), http::status::no_content);
   EXPECT_EQ((*r)[http::field::access_control_allow_origin], "https://App.Example") << "the origin as sent";
@@ -591,7 +591,7 @@ TEST_F(CheckRequest, PreflightFromAnUnlistedOriginIsRefused) {
   Server& s = server(o);
   for (const char* origin : {"https://evil.example", "http://app.example", "https://app.example:444", "null",
                              "http://localhost:8787"}) {
-    auto r = check_request(s, preflight(origin));
+    auto r = check_request(s.options(), preflight(origin));
     ASSERT_TRUE(r.has_value()) << origin;
     EXPECT_EQ(r->result(), http::status::forbidden) << origin;
     EXPECT_EQ(r->find(http::field::access_control_allow_origin), r->end()) << origin;
@@ -605,7 +605,7 @@ TEST_F(CheckRequest, PreflightStillNeedsALoopbackHost) {
   Server& s = server(o);
   Request req = preflight("http://evil.example");
   req.set(http::field::host, "evil.example:8787");
-  auto r = check_request(s, req);
+  auto r = check_request(s.options(), req);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result(), http::status::forbidden);
   EXPECT_EQ(r->find(http::field::access_control_allow_origin), r->end());
@@ -615,7 +615,7 @@ TEST_F(CheckRequest, StarAllowsEveryOriginWithoutCredentials) {
   GatewayOptions o;
   o.allow_origins = {"*"};
   Server& s = server(o);
-  auto r = check_request(s, preflight("http://anything.example"));
+  auto r = check_request(s.options(), preflight("http://anything.example"));
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->result(), http::status::no_content);
   EXPECT_EQ((*r)[http::field::access_control_allow_origin], "*");
