@@ -72,7 +72,7 @@ void serve(Server& server, Request req, const RequestContext& ctx) {
     must(++*replies == 1);
     if (res[http::field::content_type] == "application/json") must(nlohmann::json::accept(res.body()));
   };
-  if (auto refusal = check_request(server, req, ctx)) return check(*refusal);
+  if (auto refusal = check_request(server.options(), req, ctx)) return check(*refusal);
   if (websocket::is_upgrade(req)) return;
   handle_api(server, req, ctx, [check](Response res) { check(res); });
   // Most replies are immediate; a long poll is given 20 ms and then left pending (the server's
