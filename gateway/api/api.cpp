@@ -40,9 +40,6 @@ json model_json(const KernelModel& m) { return kernel_model_json(m); }
 
 namespace {
 
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-
-
 struct CwdResult {
   std::filesystem::path cwd;
   std::string error;
@@ -129,7 +126,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
         respond(json_error(req, http::status::bad_request, "env value of " + k + " must be a string"));
         return;
       }
-      bool allowed = whole || starts_with(k, "KERNEL_") ||
+      bool allowed = whole || k.starts_with("KERNEL_") ||
                      std::find(opts.env_allow.begin(), opts.env_allow.end(), k) != opts.env_allow.end();
       if (allowed) env[k] = v.get<std::string>();
     }
