@@ -13,7 +13,7 @@
 
 #include <toml++/toml.h>
 
-#include "api/api.hpp"  // is_loopback_address
+#include "http/request.hpp"  // is_loopback_address
 #include "kgate/jupyter/connection.hpp"
 
 namespace kgate::gw {

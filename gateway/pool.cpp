@@ -8,7 +8,7 @@
 
 #include "kgate/jupyter/kernelspec.hpp"
 #include "kgate/process/process.hpp"
-#include "server.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
@@ -65,7 +65,7 @@ std::string pool_refusal(const KernelSpec& spec, const std::map<std::string, std
   return {};
 }
 
-WarmPool::WarmPool(Server& server) : server_(server) {}
+WarmPool::WarmPool(Services& server) : server_(server) {}
 
 std::size_t WarmPool::want_for(const std::string& name) const {
   const auto& o = server_.options().pool;

@@ -21,7 +21,7 @@
 
 namespace kgate::gw {
 
-class Server;
+class Services;
 
 // Whether a start of `spec` with `env` can be served by a kernel that is already running, and if
 // not, why (a sentence).  Only ipykernel specs (the hand-out is Python code), and no variable that
@@ -31,7 +31,7 @@ std::string pool_refusal(const KernelSpec& spec, const std::map<std::string, std
 
 class WarmPool {
  public:
-  explicit WarmPool(Server& server);
+  explicit WarmPool(Services& server);
   WarmPool(const WarmPool&) = delete;
   WarmPool& operator=(const WarmPool&) = delete;
 
@@ -78,7 +78,7 @@ class WarmPool {
   void cold(StartRequest sr, std::function<void(StartResult)> done);
   std::size_t want_for(const std::string& name) const;
 
-  Server& server_;
+  Services& server_;
   std::map<std::string, SpecPool> pools_;  // by kernelspec name ("" never: resolved first)
   std::string default_name_;               // the catalog's default, once known
   bool stopping_ = false;

@@ -13,7 +13,8 @@
 #include "api/api.hpp"
 #include "config.hpp"
 #include "http/http_session.hpp"
-#include "cli/service.hpp"
+#include "routes.hpp"
+#include "systemd.hpp"
 #include "http/stream.hpp"
 
 namespace kgate::gw {
@@ -40,6 +41,12 @@ Server::Server(GatewayOptions opts)
                                           opts_.discovery.probe_timeout}),
       acceptor_(ioc_),
       unix_(ioc_),
+      http_host_{opts_, unix_.path(),
+                 [this](Request& req, const RequestContext& ctx, Respond respond, std::function<Stream()> take_stream,
+                        RespondInParts respond_in_parts) {
+                   if (!take_stream) touch();  // a websocket's activity is its kernel's
+                   route(*this, req, ctx, std::move(respond), std::move(take_stream), std::move(respond_in_parts));
+                 }},
       signals_(ioc_, SIGINT, SIGTERM),
       hup_(ioc_, SIGHUP) {
   opts_.state_dir = state_.path();
@@ -200,6 +207,14 @@ void Server::sweep_jobs() {
   });
 }
 
+const std::string& Server::kernelspecs_body(const std::shared_ptr<const Catalog>& cat) {
+  if (specs_cat_ != cat) {
+    specs_body_ = kernelspecs_body_of(*this, *cat);
+    specs_cat_ = cat;
+  }
+  return specs_body_;
+}
+
 std::optional<Server::CullTimeout> Server::cull_timeout(const Kernel& k) const {
   using std::chrono::milliseconds;
   auto pick = [](milliseconds t, const char* setting) -> std::optional<CullTimeout> {
@@ -268,9 +283,9 @@ void Server::accept_tcp() {
       if (ec == net::error::operation_aborted) return;
       spdlog::warn("accept: {}", ec.message());
     } else if (tls_) {
-      std::make_shared<HttpSession>(Stream(std::in_place_type<TlsStream>, std::move(socket), *tls_), *this)->run();
+      std::make_shared<HttpSession>(Stream(std::in_place_type<TlsStream>, std::move(socket), *tls_), http_host_)->run();
     } else {
-      std::make_shared<HttpSession>(Stream(std::in_place_type<TcpStream>, std::move(socket)), *this)->run();
+      std::make_shared<HttpSession>(Stream(std::in_place_type<TcpStream>, std::move(socket)), http_host_)->run();
     }
     if (acceptor_.is_open()) accept_tcp();
   });
@@ -283,7 +298,7 @@ void Server::accept_unix() {
       spdlog::warn("accept on unix:{}: {}", unix_.path().string(), ec.message());
     } else {
       // The session checks the peer's uid (and answers a refused one with a 403).
-      std::make_shared<HttpSession>(Stream(std::in_place_type<UnixStream>, std::move(socket)), *this)->run();
+      std::make_shared<HttpSession>(Stream(std::in_place_type<UnixStream>, std::move(socket)), http_host_)->run();
     }
     if (unix_.is_open()) accept_unix();
   });

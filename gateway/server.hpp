@@ -1,4 +1,5 @@
-// The daemon: owns the Asio context, the listener, the hub and the kernel manager.
+// The daemon: owns the Asio context, the listeners, the hub, the kernel manager and every other
+// service, and hands the handlers those services (services.hpp), never itself.
 //
 // Threads: the caller of run() is the one Asio thread (HTTP, websockets, hub, REST); the
 // kernel manager runs the kernel I/O thread; libzmq runs its own I/O thread.
@@ -12,21 +13,23 @@
 
 #include <boost/asio/signal_set.hpp>
 
-#include "ws/hub.hpp"
-#include "api/jobs_api.hpp"
 #include "kgate/discovery/discovery.hpp"
-#include "kgate/records/jobs.hpp"
 #include "kgate/jupyter/state_dir.hpp"
-#include "http/listener.hpp"
+#include "kgate/records/jobs.hpp"
+#include "api/jobs_api.hpp"
 #include "api/mcp_http.hpp"
+#include "http/http_session.hpp"
+#include "http/listener.hpp"
 #include "http/net.hpp"
 #include "options.hpp"
 #include "pool.hpp"
+#include "services.hpp"
 #include "sessions.hpp"
+#include "ws/hub.hpp"
 
 namespace kgate::gw {
 
-class Server {
+class Server final : public Services {
  public:
   explicit Server(GatewayOptions opts);
   ~Server();
@@ -42,65 +45,39 @@ class Server {
   // Thread-safe.
   void stop();
 
-  const GatewayOptions& options() const { return opts_; }
-  net::io_context& ioc() { return ioc_; }
-  Hub& hub() { return hub_; }
-  KernelManager& manager() { return *manager_; }
-  JobStore& jobs() { return jobs_; }
-  Waiters& waiters() { return waiters_; }
-  tcp::endpoint endpoint() const { return endpoint_; }
-  bool tls() const { return tls_ != nullptr; }
-  // The Unix socket's path ("" when there is none).
-  const std::filesystem::path& unix_socket() const { return unix_.path(); }
-
-  // The kernel catalog (kernelspecs and Python environments, kgate/discovery.hpp). Calls `fn`
-  // on the Asio thread with the newest catalog: at once when the first full discovery is done,
-  // else when it is, or after options().discovery.request_wait with what is known by then.
-  // With `name`: a catalog without that entry is not taken as final; a rediscovery runs first
-  // (bounded the same way), so a kernelspec installed a moment ago is found.
-  void with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name = "");
-  // Calls `fn` on the Asio thread with the newest catalog once discovery generation `gen` is out
-  // (at once if it is), or after `bound` with what there is by then.
+  // ---- Services (services.hpp says what each is) ----
+  const GatewayOptions& options() const override { return opts_; }
+  net::io_context& ioc() override { return ioc_; }
+  Hub& hub() override { return hub_; }
+  KernelManager& manager() override { return *manager_; }
+  JobStore& jobs() override { return jobs_; }
+  Waiters& waiters() override { return waiters_; }
+  WarmPool& pool() override { return *pool_; }
+  SessionStore& sessions() override { return *sessions_; }
+  McpHttp& mcp() override { return *mcp_; }
+  DiscoveryService& discovery() override { return discovery_; }
+  void with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name = "") override;
   void when_catalog(std::uint64_t gen, std::chrono::milliseconds bound,
-                    std::function<void(std::shared_ptr<const Catalog>)> fn);
-  DiscoveryService& discovery() { return discovery_; }
-  // GET /api/kernelspecs's body for `cat` (cached per catalog; Asio thread only).
-  const std::string& kernelspecs_body(const std::shared_ptr<const Catalog>& cat);
-
-  // The idle timeout that applies to kernel `k`: its POST's "kgate_cull_idle_timeout", else its
-  // kernelspec's metadata.cull_idle_timeout, else [culling] cull_idle_timeout; `setting` names
-  // which.  nullopt: it is never culled for idleness (off, or 0).  Any thread.
-  struct CullTimeout {
-    std::chrono::milliseconds timeout;
-    std::string setting;
-  };
-  std::optional<CullTimeout> cull_timeout(const Kernel& k) const;
-
-  WarmPool& pool() { return *pool_; }
-  McpHttp& mcp() { return *mcp_; }  // {base}mcp (Asio thread only)
-  // The sessions API's sessions (Asio thread only).
-  SessionStore& sessions() { return *sessions_; }
+                    std::function<void(std::shared_ptr<const Catalog>)> fn) override;
+  const std::string& kernelspecs_body(const std::shared_ptr<const Catalog>& cat) override;
+  std::optional<std::string> admit() override;
+  void admitted(const std::string& id) override;
+  void reserve_kernel_id(const std::string& id, bool on) override;
+  bool kernel_id_reserved(const std::string& id) const override { return reserved_ids_.count(id) > 0; }
+  std::optional<CullTimeout> cull_timeout(const Kernel& k) const override;
+  tcp::endpoint endpoint() const override { return endpoint_; }
+  bool tls() const override { return tls_ != nullptr; }
+  const std::filesystem::path& unix_socket() const override { return unix_.path(); }
+  const std::string& started() const override { return started_; }
+  double started_unix() const override { return started_unix_; }
+  std::string last_activity() const override;
+  void touch() override { last_activity_ = iso_now(); }
 
   // SIGHUP: `load` reads kgate.toml again with the command line's flags applied over it (main
   // provides it) and reload() takes on what can change in a running kgate: tokens, limits,
   // max_kernels, culling, the pool sizes (docs/kernels.md "Reloading").  A bad file changes nothing.
   void set_reloader(std::function<GatewayOptions()> load) { reloader_ = std::move(load); }
   void reload();  // Asio thread
-
-  // max_kernels, on the Asio thread: a POST /api/kernels takes a slot before anything else
-  // (nullopt), or gets the refusal to send with 503; the slot becomes the kernel's when its
-  // start finished (admitted(id)) or is given back (admitted("")).
-  std::optional<std::string> admit();
-  void admitted(const std::string& id);
-  // Client-chosen kernel ids (POST /api/kernels "kernel_id") whose start is not done: taken (on)
-  // or given back; Asio thread.
-  void reserve_kernel_id(const std::string& id, bool on);
-  bool kernel_id_reserved(const std::string& id) const { return reserved_ids_.count(id) > 0; }
-
-  const std::string& started() const { return started_; }
-  double started_unix() const { return started_unix_; }  // seconds since the Unix epoch
-  std::string last_activity() const;
-  void touch() { last_activity_ = iso_now(); }
 
  private:
   void do_accept();  // starts the accept loop of each listener
@@ -142,6 +119,7 @@ class Server {
   std::shared_ptr<net::ssl::context> tls_;  // before the acceptors: every TLS stream points at it
   tcp::acceptor acceptor_;
   UnixListener unix_;
+  HttpHost http_host_;  // every HttpSession's: the options, and route() as its dispatch
   net::signal_set signals_;
   net::signal_set hup_;  // SIGHUP: reload()
   tcp::endpoint endpoint_;

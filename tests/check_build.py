@@ -17,7 +17,10 @@ Fails (exit 1, naming each offence) when:
      of the libraries and what each may include; DEV.md §1 draws it);
   7. kgate-mcp links the kernel runtime (kgate_kernel, or libzmq): it is a client of a gateway;
   8. an MCP tool's name is written outside its row of the one table (translator/mcp/
-     tool_table.cpp, Translator::tools()): tools/list and tools/call are both read from it.
+     tool_table.cpp, Translator::tools()): tools/list and tools/call are both read from it;
+  9. a file of gateway/ includes one of gateway/'s headers from a room it may not use
+     (GATEWAY_ROOMS below; DEV.md §2 draws them): the handlers see the daemon only through
+     services.hpp, and the transport (http/) sees no handler.
 Usage: check_build.py BUILD/compile_commands.json SOURCE_DIR
 """
 import json
@@ -45,6 +48,50 @@ LAYERS = {
     "translator": {"jupyter", "client", "mcp"},
     "gateway": {"jupyter", "process", "discovery", "kernel", "records", "client", "mcp"},
 }
+
+
+# gateway/'s rooms, lowest first, and the rooms each may include besides its own.  A file's room
+# is its folder (http/, ws/, api/, cli/), else the one named for it in GATEWAY_FILES.
+GATEWAY_ROOMS = {
+    "options": set(),                                             # options.hpp: plain settings
+    "http": {"options"},                                          # the transport
+    "config": {"options", "http"},                                # kgate.toml; systemd.cpp
+    "contract": {"options", "http"},                              # services.hpp, handlers.hpp
+    "ws": {"options", "http", "contract"},                        # the websockets, the hub
+    "stores": {"options", "http", "contract"},                    # the warm pool, the sessions
+    "api": {"options", "http", "contract", "ws", "stores"},       # the REST handlers, /mcp
+    "daemon": {"options", "http", "config", "contract", "ws", "stores", "api"},  # server, routes
+    "cli": {"options", "http", "config", "contract", "ws", "stores", "api", "daemon"},
+}
+GATEWAY_FILES = {
+    "options": "options", "config": "config", "systemd": "config", "services": "contract",
+    "handlers": "contract", "pool": "stores", "sessions": "stores", "server": "daemon", "routes": "daemon",
+}
+
+
+def gateway_room(rel: Path):
+    """The room of gateway/<rel>, None for a file of no room (a page, a build file)."""
+    if len(rel.parts) > 1:
+        return rel.parts[0] if rel.parts[0] in GATEWAY_ROOMS else None
+    return GATEWAY_FILES.get(rel.stem)
+
+
+def check_gateway_rooms(src: Path, problems: list) -> None:
+    include_re = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+    gw = src / "gateway"
+    for f in sorted(gw.rglob("*.[ch]pp")):
+        rel = f.relative_to(gw)
+        mine = gateway_room(rel)
+        if mine is None:
+            problems.append(f"gateway/{rel}: in no room of GATEWAY_ROOMS: give it one")
+            continue
+        for inc in include_re.findall(f.read_text(errors="replace")):
+            if not (gw / inc).is_file():
+                continue  # a library's header, or a generated one
+            theirs = gateway_room(Path(inc))
+            if theirs != mine and theirs not in GATEWAY_ROOMS[mine]:
+                problems.append(f"gateway/{rel}: includes {inc} ({theirs}) from room {mine}, "
+                                f"which may use {sorted(GATEWAY_ROOMS[mine]) or 'no other room'}")
 
 
 def layer_of(rel: Path):
@@ -165,6 +212,7 @@ def main() -> int:
     check_sizes_and_layers(src, problems)
     check_mcp_link(db_path.parent, problems)
     check_tool_table(src, problems)
+    check_gateway_rooms(src, problems)
     for p in problems:
         print(p)
     print(f"check_build: {len(targets)} translation units, {len(problems)} problem(s)")

@@ -11,8 +11,10 @@
 #include "api/jobs_api.hpp"
 #include "kgate/jupyter/utf8.hpp"
 #include "kgate/version.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "pool.hpp"
+#include "services.hpp"
+#include "ws/hub.hpp"
 
 namespace kgate::gw {
 
@@ -45,7 +47,7 @@ struct CwdResult {
   std::string error;
 };
 
-CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std::string, std::string>& env) {
+CwdResult resolve_cwd(const Services& server, const json& body, const std::map<std::string, std::string>& env) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (auto it = body.find("cwd"); it != body.end() && !it->is_null()) {
@@ -73,13 +75,13 @@ CwdResult resolve_cwd(const Server& server, const json& body, const std::map<std
   return {{}, {}};
 }
 
-void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
+void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base, const std::string& conversation = {});
 
 // max_kernels refusals: a slot frees when a kernel is shut down, culled or fails to start.
 constexpr int kRetryAfterSeconds = 5;
 
-void api_kernels_post(Server& server, const Request& req, const RequestContext& ctx, Respond respond) {
+void api_kernels_post(Services& server, const Request& req, const RequestContext& ctx, Respond respond) {
   json body = json::object();
   if (!req.body().empty()) {
     if (json_depth_within(req.body())) body = json::parse(req.body(), nullptr, false);
@@ -248,7 +250,7 @@ void api_kernels_post(Server& server, const Request& req, const RequestContext& 
   }, name);
 }
 
-void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
+void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_alive, unsigned version,
                   const std::string& base, const std::string& conversation) {
   const std::string chosen_id = sr.id;
   // A remote kernel may wait in a scheduler's queue: after ready_timeout the POST is answered
@@ -313,7 +315,7 @@ void start_kernel(Server& server, StartRequest sr, Respond respond, bool keep_al
 
 }  // namespace
 
-void kernel_action(Server& server, const Request& req, const std::string& id, const std::string& action,
+void kernel_action(Services& server, const Request& req, const std::string& id, const std::string& action,
                    Respond respond, bool gated) {
   auto keep_alive = req.keep_alive();
   auto version = req.version();
@@ -358,7 +360,7 @@ void kernel_action(Server& server, const Request& req, const std::string& id, co
 
 namespace {
 
-json kernelspec_json(const Server& server, const KernelSpec& spec) {
+json kernelspec_json(const Services& server, const KernelSpec& spec) {
   json resources = json::object();
   for (auto& [key, file] : spec.resources())
     resources[key] = server.options().base_url + "kernelspecs/" + spec.name + "/" + file;
@@ -367,21 +369,12 @@ json kernelspec_json(const Server& server, const KernelSpec& spec) {
 
 }  // namespace
 
-// Every launchable entry, in jupyter_server's shape; built once per catalog.
-const std::string& Server::kernelspecs_body(const std::shared_ptr<const Catalog>& cat) {
-  if (specs_cat_ != cat) {
-    json specs = json::object();
-    for (auto& e : cat->entries)
-      if (e.launchable) specs[e.spec.name] = kernelspec_json(*this, e.spec);
-    specs_body_ = kgate::dump_json(json{{"default", cat->default_name}, {"kernelspecs", specs}});
-    specs_cat_ = cat;
-  }
-  return specs_body_;
+std::string kernelspecs_body_of(const Services& server, const Catalog& cat) {
+  json specs = json::object();
+  for (auto& e : cat.entries)
+    if (e.launchable) specs[e.spec.name] = kernelspec_json(server, e.spec);
+  return kgate::dump_json(json{{"default", cat.default_name}, {"kernelspecs", specs}});
 }
-
-namespace {
-
-}  // namespace
 
 std::string kernelspec_content_type(std::string_view file) {
   auto slash = file.rfind('/');
@@ -461,7 +454,7 @@ std::string default_kernel_warning(const Catalog& cat, const std::string& defaul
          ". Kernelspecs: " + (names.empty() ? "none" : names) + " (kgate kernelspecs lists them)";
 }
 
-void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond) {
+void start_kernel_as_post(Services& server, const json& body, unsigned version, Respond respond) {
   Request req{http::verb::post, "/api/kernels", version};
   req.body() = body.dump();
   req.prepare_payload();
@@ -472,38 +465,38 @@ void start_kernel_as_post(Server& server, const json& body, unsigned version, Re
 
 void api_root(Call& c) {
   json ext = {{"version", 1},
-              {"base", c.server.options().base_url + "api/kgate/"},
-              {"records", c.server.jobs().limits().enabled},
+              {"base", c.services.options().base_url + "api/kgate/"},
+              {"records", c.services.jobs().limits().enabled},
               {"features", {"jobs", "agent", "claims", "stop", "digest", "notebook", "observe", "attach"}}};
   c.respond(json_response(c.req, http::status::ok,
                           json{{"version", KGATE_VERSION}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
 }
 
 void api_status(Call& c) {
-  json j = {{"started", c.server.started()},
-            {"last_activity", c.server.last_activity()},
-            {"kernels", c.server.manager().count()},
-            {"connections", c.server.hub().connections()}};
+  json j = {{"started", c.services.started()},
+            {"last_activity", c.services.last_activity()},
+            {"kernels", c.services.manager().count()},
+            {"connections", c.services.hub().connections()}};
   c.respond(json_response(c.req, http::status::ok, j.dump()));
 }
 
 void kernels_list(Call& c) {
   json list = json::array();
-  for (auto& k : c.server.manager().list()) list.push_back(model_json(k->model()));
+  for (auto& k : c.services.manager().list()) list.push_back(model_json(k->model()));
   c.respond(json_response(c.req, http::status::ok, kgate::dump_json(list)));
 }
 
-void kernels_start(Call& c) { api_kernels_post(c.server, c.req, c.ctx, std::move(c.respond)); }
+void kernels_start(Call& c) { api_kernels_post(c.services, c.req, c.ctx, std::move(c.respond)); }
 
 void kernel_get(Call& c) {
-  auto k = c.server.manager().get(c.param(0));
+  auto k = c.services.manager().get(c.param(0));
   if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   c.respond(json_response(c.req, http::status::ok, kgate::dump_json(model_json(k->model()))));
 }
 
-void kernel_delete(Call& c) { kernel_action(c.server, c.req, c.param(0), "delete", std::move(c.respond)); }
-void kernel_interrupt(Call& c) { kernel_action(c.server, c.req, c.param(0), "interrupt", std::move(c.respond)); }
-void kernel_restart(Call& c) { kernel_action(c.server, c.req, c.param(0), "restart", std::move(c.respond)); }
+void kernel_delete(Call& c) { kernel_action(c.services, c.req, c.param(0), "delete", std::move(c.respond)); }
+void kernel_interrupt(Call& c) { kernel_action(c.services, c.req, c.param(0), "interrupt", std::move(c.respond)); }
+void kernel_restart(Call& c) { kernel_action(c.services, c.req, c.param(0), "restart", std::move(c.respond)); }
 
 namespace {
 
@@ -512,7 +505,7 @@ void answer_kernelspecs(Call& c, const std::string& name) {
   Request fake;
   fake.version(c.req.version());
   fake.keep_alive(c.req.keep_alive());
-  Server& server = c.server;
+  Services& server = c.services;
   server.with_catalog([&server, name, fake = std::move(fake), respond = std::move(c.respond)](
                           std::shared_ptr<const Catalog> cat) {
     if (name.empty()) return respond(json_response(fake, http::status::ok, server.kernelspecs_body(cat)));
@@ -532,7 +525,7 @@ void kernelspec_get(Call& c) { answer_kernelspecs(c, c.param(0)); }
 void kernelspec_resource(Call& c) {
   // Any regular file of the kernelspec's directory, subdirectories too; the file must really be
   // inside it (kernelspec_file).  From the newest catalog there is: no wait for a logo.
-  auto cat = c.server.discovery().snapshot();
+  auto cat = c.services.discovery().snapshot();
   const std::string& name = c.param(0);
   const std::string& file = c.param(1);
   const CatalogEntry* entry = cat->find(name);
@@ -557,7 +550,7 @@ void kernelspec_resource(Call& c) {
 void root_redirect(Call& c) {
   Response res{http::status::found, c.req.version()};
   res.set(http::field::server, "kgate/" KGATE_VERSION);
-  res.set(http::field::location, c.server.options().base_url + "observe" + (c.query.empty() ? "" : "?" + c.query));
+  res.set(http::field::location, c.services.options().base_url + "observe" + (c.query.empty() ? "" : "?" + c.query));
   res.keep_alive(c.req.keep_alive());
   res.prepare_payload();
   c.respond(std::move(res));

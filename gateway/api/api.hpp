@@ -18,7 +18,7 @@
 
 namespace kgate::gw {
 
-class Server;
+class Services;
 
 // A dashed UUID: 8-4-4-4-12 hex digits (either case).  POST /api/kernels's "kernel_id".
 bool is_uuid(std::string_view s);
@@ -34,23 +34,23 @@ std::string kernelspec_content_type(std::string_view file);
 // names the setting, what kgate uses instead and the kernelspecs there are).  "" when it does.
 std::string default_kernel_warning(const Catalog& cat, const std::string& default_kernel);
 
-// Handles one (already checked, non-upgrade) request through the route table (routes.hpp);
-// calls `respond` exactly once, maybe later (POST /api/kernels waits for the kernel).
-void handle_api(Server& server, Request& req, const RequestContext& ctx, Respond respond);
+// GET /api/kernelspecs's body for `cat`: every launchable entry, in jupyter_server's shape
+// (Services::kernelspecs_body keeps it per catalog).
+std::string kernelspecs_body_of(const Services& server, const Catalog& cat);
 
 // Starts a kernel exactly as POST /api/kernels with `body` from a loopback client would (the
 // env policy of a loopback client applies); `respond` gets that POST's answer (201, 202 or an
 // error).  The sessions API starts its kernels with it.
-void start_kernel_as_post(Server& server, const json& body, unsigned version, Respond respond);
+void start_kernel_as_post(Services& server, const json& body, unsigned version, Respond respond);
 // Interrupts `job`, as its `agent`, because its input() waited past its input_timeout
 // (JobStore::sweep noted why); the outcome is logged.  On the Asio thread (jobs_api.cpp).
-void interrupt_unanswered(Server& server, const std::string& job, const std::string& agent);
+void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent);
 
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);
 // DELETE / interrupt / restart of a kernel; replies like jupyter_server.  `gated`: the caller
 // already checked the claim (the kgate restart); else a restart clears it (a person's).
-void kernel_action(Server& server, const Request& req, const std::string& id, const std::string& action,
+void kernel_action(Services& server, const Request& req, const std::string& id, const std::string& action,
                    Respond respond, bool gated = false);
 
 }  // namespace kgate::gw

@@ -1,8 +1,8 @@
 // GET /api/kgate/kernelspecs (kgate_kernelspecs, routes.hpp): the kernel catalog with every entry's verdict (discovery.hpp).
-#include "http/routes.hpp"
+#include "handlers.hpp"
 
 #include "kgate/jupyter/utf8.hpp"
-#include "server.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
@@ -10,7 +10,7 @@ namespace {
 
 constexpr auto kRefreshWait = std::chrono::seconds(60);
 
-Response catalog_response(Server& server, const Request& fake, const Catalog& cat) {
+Response catalog_response(Services& server, const Request& fake, const Catalog& cat) {
   json j = catalog_json(cat);
   j["generation"] = server.discovery().generation();
   return json_response(fake, http::status::ok, kgate::dump_json(j));
@@ -19,7 +19,7 @@ Response catalog_response(Server& server, const Request& fake, const Catalog& ca
 }  // namespace
 
 void kgate_kernelspecs(Call& c) {
-  Server& server = c.server;
+  Services& server = c.services;
   const Request& req = c.req;
   const std::string& query = c.query;
   Respond respond = std::move(c.respond);

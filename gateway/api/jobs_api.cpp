@@ -18,8 +18,9 @@
 #include "kgate/jupyter/utf8.hpp"
 #include "kgate/version.hpp"
 #include "observe_page.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "pool.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
@@ -174,7 +175,7 @@ json claim_json(const std::optional<ClaimView>& c) {
           {"lapses_in_seconds", c->alive && !c->connected ? json(secs(c->lapses_in)) : json(nullptr)}};
 }
 
-json kernel_ext_json(Server& server, const KernelPtr& k) {
+json kernel_ext_json(Services& server, const KernelPtr& k) {
   json j = kernel_model_json(k->model());
   auto info = server.jobs().kernel_info(k->id());
   std::string file = k->connection_file().string();
@@ -207,7 +208,7 @@ std::uint64_t job_number_arg(const std::string& s) {
 }
 
 // The kernel's digest (GET .../digest): the jobs no agent has been told of.
-json digest_json(Server& server, const std::string& kernel) {
+json digest_json(Services& server, const std::string& kernel) {
   auto d = server.jobs().digest(kernel);
   json list = json::array();
   for (auto& e : d.jobs)
@@ -219,7 +220,7 @@ json digest_json(Server& server, const std::string& kernel) {
 // Answers with the job's record once it is not running, or at the deadline.  With `digest`, a
 // record no longer running carries its kernel's digest as it is at that moment (the agent's
 // note, without a second request: docs/records.md).
-void respond_job_when_done(Server& server, const std::string& id, std::chrono::milliseconds wait, Replier r,
+void respond_job_when_done(Services& server, const std::string& id, std::chrono::milliseconds wait, Replier r,
                            bool digest = false) {
   auto& jobs = server.jobs();
   auto done = [&server, &jobs, id, r, digest] {
@@ -237,7 +238,7 @@ void respond_job_when_done(Server& server, const std::string& id, std::chrono::m
 // ---------------------------------------------------------------------------------------
 // Handlers
 
-void get_jobs(Server& server, const Request& req, const std::string& query, Respond respond) {
+void get_jobs(Services& server, const Request& req, const std::string& query, Respond respond) {
   auto r = replier(req, std::move(respond));
   std::string err;
   auto wait = parse_wait(nullptr, query, err);
@@ -277,7 +278,7 @@ void get_jobs(Server& server, const Request& req, const std::string& query, Resp
 constexpr auto kSideRecheck = std::chrono::milliseconds(25);
 constexpr int kSideRechecks = 200;
 
-void post_execute(Server& server, const Request& req, const std::string& id, Respond respond, int side_waits = 0) {
+void post_execute(Services& server, const Request& req, const std::string& id, Respond respond, int side_waits = 0) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
@@ -367,7 +368,7 @@ constexpr auto kStopAnswer = std::chrono::seconds(10);
 // claim, the job's owner, begun or queued), then the kernel checks under its own lock that the
 // cell still runs before it sends SIGINT to its main thread. A stale id stops nothing, and the
 // answer names what runs now.
-void interrupt_in_kernel(Server& server, const std::string& job, const std::string& kernel,
+void interrupt_in_kernel(Services& server, const std::string& job, const std::string& kernel,
                          const std::optional<AgentRef>& a, const Replier& r) {
   std::string request;
   Outcome out = server.jobs().interrupt(job, a ? &*a : nullptr, [&](const std::string& req) {
@@ -405,7 +406,7 @@ void interrupt_in_kernel(Server& server, const std::string& job, const std::stri
 
 }  // namespace
 
-void post_interrupt(Server& server, const Request& req, const std::string& job, Respond respond) {
+void post_interrupt(Services& server, const Request& req, const std::string& job, Respond respond) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
@@ -439,7 +440,7 @@ void post_interrupt(Server& server, const Request& req, const std::string& job, 
 
 }  // namespace
 
-void interrupt_unanswered(Server& server, const std::string& job, const std::string& agent) {
+void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent) {
   Request shape;
   shape.version(11);
   Replier r = replier(shape, [job](Response res) {
@@ -463,7 +464,7 @@ void interrupt_unanswered(Server& server, const std::string& job, const std::str
 
 namespace {
 
-void post_restart(Server& server, const Request& req, const std::string& id, Respond respond) {
+void post_restart(Services& server, const Request& req, const std::string& id, Respond respond) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
@@ -479,7 +480,7 @@ void post_restart(Server& server, const Request& req, const std::string& id, Res
   kernel_action(server, req, id, "restart", r.respond, /*gated=*/true);
 }
 
-void get_digest(Server& server, const Request& req, const std::string& id, const std::string& query,
+void get_digest(Services& server, const Request& req, const std::string& id, const std::string& query,
                 Respond respond) {
   auto r = replier(req, std::move(respond));
   if (!server.manager().get(id)) return r.error(http::status::not_found, "Kernel does not exist: " + id);
@@ -488,7 +489,7 @@ void get_digest(Server& server, const Request& req, const std::string& id, const
   r.ok(digest_json(server, id));
 }
 
-void post_ack(Server& server, const Request& req, const std::string& id, Respond respond) {
+void post_ack(Services& server, const Request& req, const std::string& id, Respond respond) {
   auto r = replier(req, std::move(respond));
   auto body = parse_body(req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
@@ -512,7 +513,7 @@ void post_ack(Server& server, const Request& req, const std::string& id, Respond
   r.ok({{"acked", res.acked}, {"kept", kept}});
 }
 
-void get_notebook(Server& server, const Request& req, const std::string& id, Respond respond) {
+void get_notebook(Services& server, const Request& req, const std::string& id, Respond respond) {
   auto k = server.manager().get(id);
   auto jobs = server.jobs().kernel_jobs(id);
   if (!k && jobs.empty()) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
@@ -603,8 +604,8 @@ Response observe_page(const Request& req) {
 // ---- The handlers of the kgate routes (routes.cpp) ----
 
 void kgate_pool(Call& c) {  // the warm pool and max_kernels (docs/kernels.md "Warm pool")
-  json body = c.server.pool().status();
-  body["max_kernels"] = c.server.options().max_kernels;
+  json body = c.services.pool().status();
+  body["max_kernels"] = c.services.options().max_kernels;
   c.respond(json_response(c.req, http::status::ok, dump_json(body)));
 }
 
@@ -619,7 +620,7 @@ void kgate_launchers(Call& c) {  // remote launchers and whether each works now 
   };
   auto st = std::make_shared<Probe>();
   std::vector<LauncherPtr> ls;
-  for (const auto& [name, l] : c.server.options().launchers) ls.push_back(l);
+  for (const auto& [name, l] : c.services.options().launchers) ls.push_back(l);
   std::thread([st, ls = std::move(ls)] {
     block_async_signals_in_this_thread();
     json list = json::array();
@@ -640,7 +641,7 @@ void kgate_launchers(Call& c) {  // remote launchers and whether each works now 
   Request fake;
   fake.version(c.req.version());
   fake.keep_alive(c.req.keep_alive());
-  auto timer = std::make_shared<net::steady_timer>(c.server.ioc());
+  auto timer = std::make_shared<net::steady_timer>(c.services.ioc());
   auto check = std::make_shared<std::function<void()>>();
   *check = [st, timer, fake, respond = c.respond, weak = std::weak_ptr<std::function<void()>>(check)]() {
     {
@@ -661,44 +662,44 @@ void kgate_launchers(Call& c) {  // remote launchers and whether each works now 
   });
 }
 
-void jobs_list(Call& c) { get_jobs(c.server, c.req, c.query, std::move(c.respond)); }
+void jobs_list(Call& c) { get_jobs(c.services, c.req, c.query, std::move(c.respond)); }
 
 void job_get(Call& c) {
   const std::string& job = c.param(0);
   std::string err;
   auto wait = parse_wait(nullptr, c.query, err);
   if (!wait) return c.respond(json_error(c.req, http::status::bad_request, err));
-  if (!c.server.jobs().job(job)) return c.respond(json_error(c.req, http::status::not_found, "No such job '" + job + "'"));
+  if (!c.services.jobs().job(job)) return c.respond(json_error(c.req, http::status::not_found, "No such job '" + job + "'"));
   std::string dg = query_param(c.query, "digest");
   if (!dg.empty() && dg != "0" && dg != "1")
     return c.respond(json_error(c.req, http::status::bad_request, "digest=" + dg + ": expected 0 or 1"));
-  if (std::string agent = query_param(c.query, "agent"); !agent.empty()) c.server.jobs().touch_agent(AgentRef{agent, ""});
-  respond_job_when_done(c.server, job, *wait, replier(c.req, std::move(c.respond)), dg == "1");
+  if (std::string agent = query_param(c.query, "agent"); !agent.empty()) c.services.jobs().touch_agent(AgentRef{agent, ""});
+  respond_job_when_done(c.services, job, *wait, replier(c.req, std::move(c.respond)), dg == "1");
 }
 
-void job_interrupt(Call& c) { post_interrupt(c.server, c.req, c.param(0), std::move(c.respond)); }
+void job_interrupt(Call& c) { post_interrupt(c.services, c.req, c.param(0), std::move(c.respond)); }
 
 void kgate_kernels_list(Call& c) {
   json list = json::array();
-  for (auto& k : c.server.manager().list()) list.push_back(kernel_ext_json(c.server, k));
+  for (auto& k : c.services.manager().list()) list.push_back(kernel_ext_json(c.services, k));
   c.respond(json_response(c.req, http::status::ok, dump_json(list)));
 }
 
 void kgate_kernel_get(Call& c) {
-  auto k = c.server.manager().get(c.param(0));
+  auto k = c.services.manager().get(c.param(0));
   if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
-  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
+  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.services, k))));
 }
 
 // POST /api/kgate/kernels/{kernel_id}/keep: the kernel is no longer a conversation's auto kernel
 // (its agent connected to it by id), so it outlives the conversation. 200 with the kernel.
 void kgate_kernel_keep(Call& c) {
-  auto k = c.server.manager().get(c.param(0));
+  auto k = c.services.manager().get(c.param(0));
   if (!k) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   if (!k->conversation().empty()) spdlog::info("kernel {}: kept past its conversation", k->id());
   k->set_conversation("");
-  c.server.manager().remember(k->id());
-  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.server, k))));
+  c.services.manager().remember(k->id());
+  c.respond(json_response(c.req, http::status::ok, dump_json(kernel_ext_json(c.services, k))));
 }
 
 // POST /api/kgate/jobs/{job}/input {"value", "agent"}: the answer to the job's input().
@@ -707,15 +708,15 @@ void job_input(Call& c) {
   auto body = parse_body(c.req);
   if (!body.error.empty()) return r.error(http::status::bad_request, body.error);
   std::string err;
-  auto value = string_field(body.j, "value", err, c.server.options().max_body_bytes);
+  auto value = string_field(body.j, "value", err, c.services.options().max_body_bytes);
   auto agent = string_field(body.j, "agent", err);
   if (!err.empty()) return r.error(http::status::bad_request, err);
   if (!value) return r.error(http::status::bad_request, "\"value\" (a string) is required");
   if (!agent || agent->empty()) return r.error(http::status::bad_request, "\"agent\" is required");
   const std::string job = c.param(0);
-  auto rec = c.server.jobs().job(job);
+  auto rec = c.services.jobs().job(job);
   if (!rec) return r.error(http::status::not_found, "No such job '" + job + "'");
-  Server& server = c.server;
+  Services& server = c.services;
   const std::string kernel = rec->kernel;
   auto out = server.jobs().answer_input(job, AgentRef{*agent, ""}, *value,
                                         [&server, &kernel](ClientMessage m) { server.manager().send(kernel, std::move(m)); });
@@ -723,10 +724,10 @@ void job_input(Call& c) {
   r.ok({{"answered", job}});
 }
 
-void kgate_execute(Call& c) { post_execute(c.server, c.req, c.param(0), std::move(c.respond)); }
-void kgate_restart(Call& c) { post_restart(c.server, c.req, c.param(0), std::move(c.respond)); }
-void kgate_digest(Call& c) { get_digest(c.server, c.req, c.param(0), c.query, std::move(c.respond)); }
-void kgate_digest_ack(Call& c) { post_ack(c.server, c.req, c.param(0), std::move(c.respond)); }
-void kgate_notebook(Call& c) { get_notebook(c.server, c.req, c.param(0), std::move(c.respond)); }
+void kgate_execute(Call& c) { post_execute(c.services, c.req, c.param(0), std::move(c.respond)); }
+void kgate_restart(Call& c) { post_restart(c.services, c.req, c.param(0), std::move(c.respond)); }
+void kgate_digest(Call& c) { get_digest(c.services, c.req, c.param(0), c.query, std::move(c.respond)); }
+void kgate_digest_ack(Call& c) { post_ack(c.services, c.req, c.param(0), std::move(c.respond)); }
+void kgate_notebook(Call& c) { get_notebook(c.services, c.req, c.param(0), std::move(c.respond)); }
 
 }  // namespace kgate::gw

@@ -13,8 +13,8 @@
 #include "kgate/jupyter/utf8.hpp"
 #include "kgate/version.hpp"
 #include "kgate/jupyter/wire.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
@@ -44,7 +44,7 @@ Response json_rpc_response(unsigned version, bool keep_alive, http::status st, c
 // socket when there is one (and base_url is "/"), else over TCP on loopback (or the bound
 // address). Over TLS the certificate is not checked: the connection is to this process's own
 // listener on this machine, and its name (if any) need not be 127.0.0.1.
-mcp::Config self_config(const Server& server) {
+mcp::Config self_config(const Services& server) {
   const auto& o = server.options();
   mcp::Config cfg;
   cfg.dir = kgate_config_dir();
@@ -195,7 +195,7 @@ struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
   std::shared_ptr<PartsWriter> writer;  // on the Asio thread only
 };
 
-McpHttp::McpHttp(Server& server) : server_(server), reaper_(server.ioc()) { reap(); }
+McpHttp::McpHttp(Services& server) : server_(server), reaper_(server.ioc()) { reap(); }
 
 McpHttp::~McpHttp() = default;
 
@@ -456,7 +456,7 @@ void McpHttp::reap() {
 
 // ---- The routes (routes.cpp) ----
 
-void mcp_post(Call& c) { c.server.mcp().post(c); }
-void mcp_delete(Call& c) { c.server.mcp().del(c); }
+void mcp_post(Call& c) { c.services.mcp().post(c); }
+void mcp_delete(Call& c) { c.services.mcp().del(c); }
 
 }  // namespace kgate::gw

@@ -37,7 +37,7 @@ class Translator;
 
 namespace kgate::gw {
 
-class Server;
+class Services;
 struct Call;
 
 class McpHttp {
@@ -47,7 +47,7 @@ class McpHttp {
   // A session with no request and no call in flight for this long ends.
   static constexpr std::chrono::minutes kIdleTimeout{60};
 
-  explicit McpHttp(Server& server);
+  explicit McpHttp(Services& server);
   ~McpHttp();
 
   void post(Call& c);
@@ -71,7 +71,7 @@ class McpHttp {
   void end(const std::string& id, const std::string& why);
   void end_task_session(const std::string& task, const std::string& why);
 
-  Server& server_;
+  Services& server_;
   std::map<std::string, Entry> sessions_;
   // Stateless requests whose tools/call became a task (the 2026-07-28 tasks extension): their
   // session lives on, by task id, for the tasks/get, tasks/update and tasks/cancel that name the

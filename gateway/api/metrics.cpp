@@ -10,8 +10,11 @@
 
 #include "kgate/records/jobs.hpp"
 #include "kgate/version.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "pool.hpp"
+#include "services.hpp"
+#include "sessions.hpp"
+#include "ws/hub.hpp"
 
 namespace kgate::gw {
 
@@ -64,7 +67,7 @@ constexpr JobOrigin kOrigins[] = {JobOrigin::mcp, JobOrigin::user, JobOrigin::ho
 }  // namespace
 
 void metrics_page(Call& c) {
-  Server& server = c.server;
+  Services& server = c.services;
   Page p;
 
   p.family("kgate_build_info", "gauge", "kgate's version (the value is always 1).");

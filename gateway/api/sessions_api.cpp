@@ -6,20 +6,22 @@
 #include "kgate/jupyter/utf8.hpp"
 #include "kgate/version.hpp"
 #include "kgate/jupyter/wire.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "api/api.hpp"
+#include "handlers.hpp"
+#include "services.hpp"
+#include "sessions.hpp"
 
 namespace kgate::gw {
 
 namespace {
 
-bool kernel_alive(Server& server, const std::string& id) { return server.manager().get(id) != nullptr; }
+bool kernel_alive(Services& server, const std::string& id) { return server.manager().get(id) != nullptr; }
 
-void prune(Server& server) {
+void prune(Services& server) {
   server.sessions().prune([&server](const std::string& id) { return kernel_alive(server, id); });
 }
 
-json session_json(Server& server, const Session& s) {
+json session_json(Services& server, const Session& s) {
   json kernel = nullptr;
   if (auto k = server.manager().get(s.kernel_id)) kernel = kernel_model_json(k->model());
   json j = {{"id", s.id}, {"path", s.path}, {"name", s.name}, {"type", s.type}, {"kernel", kernel}};
@@ -83,7 +85,7 @@ std::optional<KernelChoice> kernel_choice(const json& body, std::string& error) 
 // Starts a kernel for session `path` as POST /api/kernels would (max_kernels, the catalog, the
 // kernelspec's launcher, the warm pool): cwd from the path under root_dir, JPY_SESSION_NAME =
 // the path, as jupyter_server sets it.  `done` gets the kernel's id, or the answer to send.
-void start_session_kernel(Server& server, const std::string& path, const std::string& kernel_name, unsigned version,
+void start_session_kernel(Services& server, const std::string& path, const std::string& kernel_name, unsigned version,
                           std::function<void(std::string id, std::optional<Response> failure)> done) {
   json body = {{"path", path}, {"env", {{"JPY_SESSION_NAME", path}}}};
   if (!kernel_name.empty()) body["name"] = kernel_name;
@@ -110,7 +112,7 @@ void start_session_kernel(Server& server, const std::string& path, const std::st
 
 // Shuts `kernel_id` down when session `s` started it and no other session uses it; then `then`.
 // `why`: "ended", "moved to another kernel".
-void release_kernel(Server& server, const Session& s, const char* why, std::function<void()> then) {
+void release_kernel(Services& server, const Session& s, const char* why, std::function<void()> then) {
   if (!s.started_kernel || server.sessions().kernel_shared(s.kernel_id, s.id) || !kernel_alive(server, s.kernel_id))
     return then();
   spdlog::info("session {} ({}) {}: shutting down kernel {}, which it started", s.id, s.path, why, s.kernel_id);
@@ -133,14 +135,14 @@ std::string too_big(const SessionStore& store, const Session& s, std::size_t rep
 }  // namespace
 
 void sessions_list(Call& c) {
-  prune(c.server);
+  prune(c.services);
   json list = json::array();
-  for (const auto& s : c.server.sessions().all()) list.push_back(session_json(c.server, s));
+  for (const auto& s : c.services.sessions().all()) list.push_back(session_json(c.services, s));
   c.respond(json_response(c.req, http::status::ok, dump_json(list)));
 }
 
 void session_create(Call& c) {
-  Server& server = c.server;
+  Services& server = c.services;
   Replier r = replier(c.req, std::move(c.respond));
   auto body = body_object(c.req, r);
   if (!body) return;
@@ -203,14 +205,14 @@ void session_create(Call& c) {
 }
 
 void session_get(Call& c) {
-  prune(c.server);
-  const Session* s = c.server.sessions().find(c.param(0));
+  prune(c.services);
+  const Session* s = c.services.sessions().find(c.param(0));
   if (!s) return c.respond(json_error(c.req, http::status::not_found, "Session not found: session_id=" + c.param(0)));
-  c.respond(json_response(c.req, http::status::ok, dump_json(session_json(c.server, *s))));
+  c.respond(json_response(c.req, http::status::ok, dump_json(session_json(c.services, *s))));
 }
 
 void session_patch(Call& c) {
-  Server& server = c.server;
+  Services& server = c.services;
   const std::string id = c.param(0);
   Replier r = replier(c.req, std::move(c.respond));
   auto body = body_object(c.req, r);
@@ -263,7 +265,7 @@ void session_patch(Call& c) {
 }
 
 void session_delete(Call& c) {
-  Server& server = c.server;
+  Services& server = c.services;
   Replier r = replier(c.req, std::move(c.respond));
   prune(server);
   const Session* found = server.sessions().find(c.param(0));

@@ -20,6 +20,7 @@
 #include "cli/proxy_kernel.hpp"
 #include "server.hpp"
 #include "cli/service.hpp"
+#include "systemd.hpp"
 
 int main(int argc, char** argv) {
   using kgate::gw::GatewayOptions;

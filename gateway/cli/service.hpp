@@ -1,18 +1,11 @@
 // Running kgate as a service: `kgate install-service` / `uninstall-service` (a systemd unit on
-// Linux, a launchd agent on macOS), the sd_notify readiness calls, and the journald log format.
+// Linux, a launchd agent on macOS).  The running daemon's side of systemd is in systemd.hpp.
 #pragma once
 
 #include <filesystem>
 #include <iosfwd>
-#include <memory>
 #include <string>
 #include <string_view>
-
-#include <boost/asio/ip/tcp.hpp>
-
-namespace spdlog {
-class formatter;
-}
 
 namespace kgate::gw {
 
@@ -49,15 +42,5 @@ std::string systemd_exec_quote(std::string_view arg);
 // The CLI commands: messages to out, errors to err; the exit code.
 int install_service(const ServiceOptions& opts, std::ostream& out, std::ostream& err);
 int uninstall_service(const ServiceOptions& opts, std::ostream& out, std::ostream& err);
-
-// sd_notify(3): no-ops unless $NOTIFY_SOCKET is set (run by systemd with Type=notify).
-void notify_ready(const boost::asio::ip::tcp::endpoint& ep, std::string_view base_url);
-void notify_stopping(std::size_t kernels);
-
-// True when $JOURNAL_STREAM names the file stderr is (systemd connected stderr to journald;
-// an inherited JOURNAL_STREAM with stderr redirected elsewhere does not count).
-bool stderr_is_journal();
-// "<N>level message" per line, no timestamp: journald adds one and takes N as the priority.
-std::unique_ptr<spdlog::formatter> journal_formatter();
 
 }  // namespace kgate::gw

@@ -8,11 +8,9 @@
 
 #include "http/auth.hpp"
 #include "http/request.hpp"
-#include "http/routes.hpp"
 #include "http/http_io.hpp"
 #include "http/listener.hpp"
 #include "http/redact.hpp"
-#include "server.hpp"
 
 namespace kgate::gw {
 
@@ -25,20 +23,20 @@ constexpr auto kShutdownTimeout = std::chrono::seconds(5);    // a TLS peer that
 constexpr std::size_t kMaxQueuedParts = std::size_t{64} << 20;
 }
 
-HttpSession::HttpSession(Stream stream, Server& server) : stream_(std::move(stream)), server_(server) {
+HttpSession::HttpSession(Stream stream, const HttpHost& host) : stream_(std::move(stream)), host_(host) {
   beast::error_code ec;
   if (auto* u = std::get_if<UnixStream>(&stream_)) {
     peer_loopback_ = true;  // only this machine reaches a Unix socket
     auto uid = unix_peer_uid(u->socket().native_handle());
-    const auto& allowed = server_.options().unix_allow_uids;
+    const auto& allowed = host_.options.unix_allow_uids;
     if (!uid) {
       refused_ = "kgate cannot tell which user connected to its Unix socket, so it serves nobody there";
-      spdlog::warn("refused a connection on unix:{}: the peer's uid is unknown", server_.unix_socket().string());
+      spdlog::warn("refused a connection on unix:{}: the peer's uid is unknown", host_.unix_socket.string());
     } else if (!unix_peer_allowed(*uid, allowed)) {
       refused_ = "uid " + std::to_string(*uid) + " may not use this kgate: its Unix socket serves uid " +
                  std::to_string(::geteuid()) + " (kgate's own) and the uids in unix_allow_uids of kgate.toml";
       spdlog::warn("refused a connection on unix:{} from uid {} (not kgate's uid {}, nor in unix_allow_uids)",
-                   server_.unix_socket().string(), *uid, ::geteuid());
+                   host_.unix_socket.string(), *uid, ::geteuid());
     }
     return;
   }
@@ -91,8 +89,8 @@ void HttpSession::on_handshake(beast::error_code ec, std::size_t used) {
 
 void HttpSession::do_read() {
   parser_.emplace();
-  parser_->body_limit(server_.options().max_body_bytes);
-  parser_->header_limit(static_cast<std::uint32_t>(server_.options().max_header_bytes));
+  parser_->body_limit(host_.options.max_body_bytes);
+  parser_->header_limit(static_cast<std::uint32_t>(host_.options.max_header_bytes));
   std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
   async_read_request(stream_, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
 }
@@ -106,9 +104,9 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
     bool body = ec == http::error::body_limit;
     auto res = json_error(req, body ? http::status::payload_too_large : http::status::request_header_fields_too_large,
                           body ? "The request body is over the limit of " +
-                                     std::to_string(server_.options().max_body_bytes) + " bytes"
+                                     std::to_string(host_.options.max_body_bytes) + " bytes"
                                : "The request header is over the limit of " +
-                                     std::to_string(server_.options().max_header_bytes) + " bytes");
+                                     std::to_string(host_.options.max_header_bytes) + " bytes");
     return write(std::move(res));
   }
   if (ec) {
@@ -144,14 +142,14 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
   // CORS: every answer to a listed Origin carries Access-Control-Allow-Origin (errors too, so
   // the page can read them); a preflight's answer has its own.
   const std::string origin(req[http::field::origin]);
-  if (auto refusal = check_request(server_.options(), req, RequestContext{peer_loopback_, is_unix(stream_)})) {
-    if (!is_cors_preflight(req)) add_cors_headers(server_.options(), origin, *refusal);
+  if (auto refusal = check_request(host_.options, req, RequestContext{peer_loopback_, is_unix(stream_)})) {
+    if (!is_cors_preflight(req)) add_cors_headers(host_.options, origin, *refusal);
     return write(std::move(*refusal));
   }
 
   RequestContext ctx{peer_loopback_, is_unix(stream_)};
   auto respond = [self = shared_from_this(), origin](Response res) {
-    add_cors_headers(self->server_.options(), origin, res);
+    add_cors_headers(self->host_.options, origin, res);
     self->write(std::move(res));
   };
   if (websocket::is_upgrade(req)) {
@@ -160,16 +158,15 @@ void HttpSession::dispatch(http::request<http::string_body> req) {
       std::visit([](auto& s) { beast::get_lowest_layer(s).expires_never(); }, stream_);
       return std::move(stream_);
     };
-    return route(server_, req, ctx, std::move(respond), hand_over);
+    return host_.dispatch(req, ctx, std::move(respond), hand_over, nullptr);
   }
-  server_.touch();
   RespondInParts in_parts;
   if (req.version() >= 11)
     in_parts = [self = shared_from_this(), origin](Response head) {
-      add_cors_headers(self->server_.options(), origin, head);
+      add_cors_headers(self->host_.options, origin, head);
       return self->open_parts(std::move(head));
     };
-  route(server_, req, ctx, std::move(respond), nullptr, std::move(in_parts));
+  host_.dispatch(req, ctx, std::move(respond), nullptr, std::move(in_parts));
 }
 
 // What a handler holds while it answers in parts. It keeps the connection's session alive: a

@@ -3,6 +3,7 @@
 // deadline; on a Unix one the peer's uid was checked when it was accepted.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -13,16 +14,26 @@
 #include "http/auth.hpp"
 #include "http/request.hpp"
 #include "http/stream.hpp"
+#include "options.hpp"
 
 namespace kgate::gw {
 
-class Server;
-
-class Server;
+// What a connection needs of the daemon that accepted it.  The daemon owns it and outlives
+// every connection.
+struct HttpHost {
+  const GatewayOptions& options;            // read at each use: a reload (SIGHUP) changes them
+  const std::filesystem::path& unix_socket;  // for the log lines of a refused Unix peer
+  // Where a request goes once it passed check_request (the route table, routes.hpp).
+  // `take_stream` is set for a websocket upgrade only; `respond_in_parts` where the connection
+  // can send an answer in parts.
+  std::function<void(Request& req, const RequestContext& ctx, Respond respond, std::function<Stream()> take_stream,
+                     RespondInParts respond_in_parts)>
+      dispatch;
+};
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
-  HttpSession(Stream stream, Server& server);
+  HttpSession(Stream stream, const HttpHost& host);
   void run();
 
  private:
@@ -34,7 +45,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void write(http::response<http::string_body> res);
   void on_write(bool keep_alive, beast::error_code ec, std::size_t n);
   void do_close();
-  // An answer in parts (api.hpp PartsWriter): its header, then the parts as they come, coalesced
+  // An answer in parts (request.hpp PartsWriter): its header, then the parts as they come, coalesced
   // into one chunk per write, then the last chunk; then the next request, as after write().
   class Parts;
   std::shared_ptr<PartsWriter> open_parts(http::response<http::string_body> head);
@@ -46,7 +57,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   Stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  Server& server_;
+  const HttpHost& host_;
   bool peer_loopback_ = false;  // a loopback TCP address, or the Unix socket
   bool plain_on_tls_ = false;   // a plain http client on the TLS port: answered with a 400
   std::string refused_;         // a Unix peer that is not served: why (answered with a 403)

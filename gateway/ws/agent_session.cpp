@@ -4,8 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/version.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
@@ -13,7 +13,7 @@ namespace {
 constexpr std::size_t kMaxAgentMessage = 64 << 10;  // the agent has nothing to say but pings
 }
 
-AgentSession::AgentSession(Stream stream, Server& server, AgentRef agent)
+AgentSession::AgentSession(Stream stream, Services& server, AgentRef agent)
     : ws_(to_websocket(std::move(stream))), server_(server), agent_(std::move(agent)) {}
 
 void AgentSession::run(http::request<http::string_body> req) {
@@ -68,7 +68,7 @@ void agent_socket(Call& c) {
   std::string label = query_param(c.query, "label");
   if (agent.empty() || agent.size() > 256 || label.size() > 256)
     return c.respond(json_error(c.req, http::status::bad_request, "agent=ID is required (at most 256 bytes; label too)"));
-  std::make_shared<AgentSession>(c.take_stream(), c.server, AgentRef{agent, label})->run(std::move(c.req));
+  std::make_shared<AgentSession>(c.take_stream(), c.services, AgentRef{agent, label})->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

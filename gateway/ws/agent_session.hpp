@@ -13,11 +13,11 @@
 
 namespace kgate::gw {
 
-class Server;
+class Services;
 
 class AgentSession : public std::enable_shared_from_this<AgentSession> {
  public:
-  AgentSession(Stream stream, Server& server, AgentRef agent);
+  AgentSession(Stream stream, Services& server, AgentRef agent);
   void run(http::request<http::string_body> req);
 
  private:
@@ -26,7 +26,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
   void on_read(beast::error_code ec, std::size_t n);
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
-  Server& server_;
+  Services& server_;
   AgentRef agent_;
   beast::flat_buffer rbuf_;
   std::string hello_;

@@ -6,12 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include "kgate/version.hpp"
-#include "http/routes.hpp"
-#include "server.hpp"
+#include "handlers.hpp"
+#include "services.hpp"
 
 namespace kgate::gw {
 
-WsSession::WsSession(Stream stream, Server& server, KernelPtr kernel, std::string session_id)
+WsSession::WsSession(Stream stream, Services& server, KernelPtr kernel, std::string session_id)
     : ws_(to_websocket(std::move(stream))),
       server_(server),
       kernel_(std::move(kernel)),
@@ -260,10 +260,10 @@ void WsSession::detach() {
 
 // The route (routes.hpp): ?session_id= names the Jupyter session, as jupyter_server reads it.
 void kernel_channels(Call& c) {
-  auto kernel = c.server.manager().get(c.param(0));
+  auto kernel = c.services.manager().get(c.param(0));
   if (!kernel) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   std::string session = query_param(c.query, "session_id");
-  std::make_shared<WsSession>(c.take_stream(), c.server, kernel, session)->run(std::move(c.req));
+  std::make_shared<WsSession>(c.take_stream(), c.services, kernel, session)->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

@@ -20,11 +20,11 @@
 
 namespace kgate::gw {
 
-class Server;
+class Services;
 
 class WsSession final : public WsClient, public std::enable_shared_from_this<WsSession> {
  public:
-  WsSession(Stream stream, Server& server, KernelPtr kernel, std::string session_id);
+  WsSession(Stream stream, Services& server, KernelPtr kernel, std::string session_id);
   ~WsSession() override;
 
   // Completes the handshake for `req` (already authorised), then reads and writes.
@@ -46,7 +46,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void detach();  // from the hub, exactly once, with what was not sent
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
-  Server& server_;
+  Services& server_;
   KernelPtr kernel_;
   std::string session_id_;
   std::string route_;

@@ -20,7 +20,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 
-#include "api/api.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 
 namespace fs = std::filesystem;
@@ -74,7 +74,7 @@ void serve(Server& server, Request req, const RequestContext& ctx) {
   };
   if (auto refusal = check_request(server.options(), req, ctx)) return check(*refusal);
   if (websocket::is_upgrade(req)) return;
-  handle_api(server, req, ctx, [check](Response res) { check(res); });
+  route(server, req, ctx, [check](Response res) { check(res); });
   // Most replies are immediate; a long poll is given 20 ms and then left pending (the server's
   // waiters are bounded: max_waiters).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);

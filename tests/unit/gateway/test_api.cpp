@@ -13,7 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "http/routes.hpp"
+#include "routes.hpp"
 #include "server.hpp"
 #include "support.hpp"
 #include "kgate/jupyter/state_dir.hpp"

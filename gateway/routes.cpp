@@ -1,7 +1,5 @@
 // The route table, and the resolution of a request against it (routes.hpp).
-#include "http/routes.hpp"
-
-#include "server.hpp"
+#include "routes.hpp"
 
 namespace kgate::gw {
 
@@ -118,7 +116,7 @@ std::string allow_list(unsigned methods) {
   return out;
 }
 
-void route(Server& server, Request& req, const RequestContext& ctx, Respond respond,
+void route(Services& server, Request& req, const RequestContext& ctx, Respond respond,
            std::function<Stream()> take_stream, RespondInParts respond_in_parts) {
   const bool upgrade = take_stream != nullptr;
   std::string path, query;
@@ -162,10 +160,6 @@ void route(Server& server, Request& req, const RequestContext& ctx, Respond resp
   Call call{server, req, ctx, std::move(path), std::move(query), std::move(m.params), std::move(respond),
             std::move(take_stream), std::move(respond_in_parts)};
   m.route->handler(call);
-}
-
-void handle_api(Server& server, Request& req, const RequestContext& ctx, Respond respond) {
-  route(server, req, ctx, std::move(respond));
 }
 
 }  // namespace kgate::gw
