@@ -177,7 +177,7 @@ def register(endpoint, key, kernel_id, content, date=None, msg_id=None):
 
 def test_a_queued_job_is_a_starting_kernel_that_can_be_deleted_and_registrations_are_checked(kg, slurm):
     # Fill the node, so the kernel's job waits in the queue.
-    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    p = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
     assert p.returncode == 0, p.stderr
     blocker = p.stdout.strip().split(";")[0]
     try:
@@ -226,7 +226,7 @@ def test_a_queued_job_is_a_starting_kernel_that_can_be_deleted_and_registrations
 def test_a_registration_is_refused_once_the_kernel_registered(kg, slurm):
     # The launch spec is removed by the node launcher once read: catch its secret while the job
     # waits in the queue, then let the job run.
-    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    p = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
     blocker = p.stdout.strip().split(";")[0]
     import threading
     result = {}
@@ -298,7 +298,7 @@ def test_a_restarted_kgate_readopts_its_slurm_kernel(kgate_bin, slurm, tmp_path,
 def test_kgate_mcp_connects_on_a_launcher_and_says_when_it_is_queued(kg, slurm, mcp_bin, tmp_path):
     from test_mcp_semantics import Agent
     agent = Agent(mcp_bin, tmp_path / "agent", kg.url)
-    p = slurm.run("sbatch", "--parsable", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
+    p = slurm.run("sbatch", "--parsable", "-o", "/dev/null", "-c", str(idle_cpus(slurm)), "--wrap", "sleep 300")
     blocker = p.stdout.strip().split(";")[0]
     try:
         listing = agent.ok("list_kernels")
