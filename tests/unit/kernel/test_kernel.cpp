@@ -181,6 +181,8 @@ TEST_F(KernelRuntime, AKernelThatDiesAnswersWhatWasPendingOnceWithAnError) {
     return std::find(rec.lifecycle.begin(), rec.lifecycle.end(), KernelLifecycle::died) != rec.lifecycle.end();
   }));
   EXPECT_EQ(k->execution_state(), "dead");
+  EXPECT_FALSE(k->model().responsive);  // dead is not responsive, and not "silent" either
+  EXPECT_EQ(k->model().silent_seconds, 0);
   // Exactly one reply: nothing more comes for it.
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(rec.wait_for([&](const KernelMessage& m) { return m.msg_type == "execute_reply" && m.parent_msg_id == id; }, 1, 0ms)
