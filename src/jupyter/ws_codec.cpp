@@ -125,8 +125,14 @@ std::string decode_v1(std::string_view data, ClientMessage& out) {
   auto ch = parse_channel(channel);
   if (!ch || *ch == Channel::iopub) return "unknown channel \"" + channel + "\"";
   out.channel = *ch;
-  for (std::uint64_t i = 1; i <= 4; ++i)
+  for (std::uint64_t i = 1; i <= 4; ++i) {
     if (!json_depth_within(seg(i))) return "the message nests deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+    // A raw NUL is never JSON (in a string it is written \u0000), but nlohmann's parser takes it
+    // for the end of the input: "{}\0garbage" would pass as {} and be relayed whole.
+    if (seg(i).find('\0') != std::string_view::npos)
+      return std::string("v1 frame: ") + (i == 1 ? "header" : i == 2 ? "parent_header" : i == 3 ? "metadata" : "content") +
+             " is not valid JSON (it holds a NUL byte)";
+  }
   json header = json::parse(seg(1), nullptr, false);
   if (!header.is_object()) return "v1 frame: header is not a JSON object";
   if (auto e = read_ids(header, out); !e.empty()) return e;

@@ -768,6 +768,24 @@ TEST(DecodeClientErrors, V1InvalidJsonParts) {
   }
 }
 
+// nlohmann's parser stops at a NUL byte as if the input ended there, so "{}\0x" would parse as
+// {}; kgate relays v1 parts as they came, and must not relay one that is not JSON (found by
+// fuzz_ws_codec: a content of "{}\0..." re-encoded for a legacy client did not decode back).
+TEST(DecodeClientErrors, V1PartsWithANulByte) {
+  const std::string h = R"({"msg_id":"i","msg_type":"t"})";
+  const std::string with_nul("{}\0{\"x\": 1}", 11);
+  for (int i = 0; i <= 3; ++i) {
+    std::vector<std::string> parts = {h, "{}", "{}", "{}"};
+    parts[std::size_t(i)] = i == 0 ? h + std::string(1, '\0') : with_nul;
+    ClientMessage out;
+    const std::string err = decode_client(make_v1("shell", parts), WsProtocol::v1, out);
+    EXPECT_NE(err.find("NUL byte"), std::string::npos) << "part " << i << ": " << err;
+  }
+  // In a string, as JSON writes it, a NUL is fine.
+  ClientMessage out;
+  EXPECT_EQ(decode_client(make_v1("shell", {h, "{}", "{}", R"({"text": "a\u0000b"})"}), WsProtocol::v1, out), "");
+}
+
 // The legacy decoder requires parent_header, metadata and content to be objects; the v1
 // decoder only checks that they are JSON, so a non-object content reaches the kernel.
 TEST(DecodeClientErrors, V1NonObjectParts) {
