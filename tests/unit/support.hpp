@@ -64,6 +64,22 @@ inline bool matches_pattern(std::string_view s, std::string_view pattern) {
   return true;
 }
 
+// Paths a unit test needs that depend on where the checkout and the build are: "data" (tests/data)
+// and "supervise" (kgate-supervise).  They are read at run time from unit_paths.txt beside the
+// test binary (tests/CMakeLists.txt writes it), not compiled in: a unit test's object is then the
+// same in every clone, and the compiler cache serves them all.
+inline fs::path unit_path(std::string_view key) {
+  std::error_code ec;
+  const fs::path file = fs::read_symlink("/proc/self/exe", ec).parent_path() / "unit_paths.txt";
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 && line[key.size()] == '=')
+      return line.substr(key.size() + 1);
+  throw std::runtime_error("no " + std::string(key) + "= in " + file.string());
+}
+inline fs::path data_dir() { return unit_path("data"); }
+inline fs::path supervise_bin() { return unit_path("supervise"); }
+
 // The whole content of file `p`, read in binary mode ("" if it cannot be opened).
 inline std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

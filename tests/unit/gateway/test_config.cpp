@@ -16,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // <source>/tests/data -> <source>
-const fs::path kSourceDir = fs::path(KGATE_TEST_DATA_DIR).parent_path().parent_path();
+const fs::path kSourceDir = kgate::test::data_dir().parent_path().parent_path();
 
 // A kgate-config-XXXXXX temp dir that also writes files into itself.
 class ConfigDir : public test::TempDir {

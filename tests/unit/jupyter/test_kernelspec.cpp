@@ -17,7 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kData = fs::path(KGATE_TEST_DATA_DIR) / "kernelspecs";
+const fs::path kData = kgate::test::data_dir() / "kernelspecs";
 
 // A fresh kgate-kspec-XXXXXX temp dir (removed at the end of the test) that also writes kernelspecs.
 class SpecDir : public test::TempDir {

@@ -65,7 +65,7 @@ struct Vector {
 
 const std::vector<Vector>& vectors() {
   static const std::vector<Vector> all = [] {
-    std::ifstream in(std::string(KGATE_TEST_DATA_DIR) + "/wire_vectors.json");
+    std::ifstream in(kgate::test::data_dir() / "wire_vectors.json");
     if (!in) throw std::runtime_error("cannot open wire_vectors.json");
     const json doc = json::parse(in);
     std::vector<Vector> out;

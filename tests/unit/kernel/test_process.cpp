@@ -400,7 +400,7 @@ LaunchOptions supervised(std::vector<std::string> argv, std::chrono::millisecond
   LaunchOptions o;
   o.argv = std::move(argv);
   o.env = kMinimalEnv;
-  o.supervisor = KGATE_SUPERVISE_BIN;
+  o.supervisor = kgate::test::supervise_bin();
   o.supervisor_name = "kgate-unit-test/" + std::to_string(::getpid()) + "/" + std::to_string(++g_sup_seq);
   o.orphan_timeout = orphan;
   o.terminate_grace = std::chrono::milliseconds(500);

@@ -17,6 +17,7 @@
 #include "kgate/records/jobs.hpp"
 #include "kgate/jupyter/utf8.hpp"
 #include "kgate/mcp/render.hpp"
+#include "support.hpp"
 
 using namespace kgate;
 using namespace kgate::mcp;
@@ -125,7 +126,7 @@ std::string wrapped(std::string_view b64) {
 }
 
 json load_json(const std::string& name) {
-  std::ifstream in(std::string(KGATE_TEST_DATA_DIR) + "/render/" + name);
+  std::ifstream in(kgate::test::data_dir() / "render" / name);
   EXPECT_TRUE(in.good()) << name;
   return json::parse(in);
 }
