@@ -19,6 +19,7 @@
 #include "kgate/version.hpp"
 #include "cli/proxy_kernel.hpp"
 #include "server.hpp"
+#include "cli/paths.hpp"
 #include "cli/service.hpp"
 #include "systemd.hpp"
 
@@ -178,14 +179,8 @@ int main(int argc, char** argv) {
   ::unsetenv("KGATE_TOKEN");
   std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
   bool use_cfg = !config.empty() || std::filesystem::exists(cfg);
-  // Kernels are started under kgate-supervise, installed beside kgate (docs/dev/readoption.md).
-  std::filesystem::path supervisor;
-  {
-    std::error_code ec;
-    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    auto sup = self.parent_path() / "kgate-supervise";
-    if (!ec && ::access(sup.c_str(), X_OK) == 0) supervisor = sup;
-  }
+  // Kernels are started under kgate-supervise (docs/dev/readoption.md), found by cli/paths.hpp.
+  const std::filesystem::path supervisor = kgate::gw::self_paths().supervisor;
   // kgate.toml with the flags over it: at start, and again on SIGHUP (Server::reload).
   auto load = [=] {
     GatewayOptions o;
@@ -225,7 +220,7 @@ int main(int argc, char** argv) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   if (supervisor.empty())
-    spdlog::warn("kgate-supervise is not installed beside this kgate: kernels are its direct children");
+    spdlog::warn("kgate-supervise is not beside this kgate, nor in ../lib/kgate/: kernels are its direct children");
   try {
     kgate::gw::Server server(std::move(opts));
     server.set_reloader(load);

@@ -26,7 +26,9 @@
 
 #include "kgate/jupyter/connection.hpp"
 #include "kgate/process/process.hpp"
+#include "cli/paths.hpp"
 #include "launchd_plist.hpp"
+#include "systemd_system_lines.hpp"
 #include "systemd_unit.hpp"
 
 
@@ -277,6 +279,10 @@ int install_systemd(const ServiceOptions& opts, std::ostream& out, std::ostream&
   SystemdTarget t = systemd_target(opts);
   require_root(opts, t.unit_path, "writes");
   std::string text = render_systemd_unit(t.fields);
+  if (self_paths(t.fields.kgate_bin).build_tree)
+    err << "kgate: warning: " << t.fields.kgate_bin.string()
+        << " is a build folder's binary: the service stops working when that folder is rebuilt or removed. "
+           "Install kgate (its package, or cmake --install) and run install-service from the installed kgate\n";
   if (opts.dry_run) {
     out << text;
     err << "kgate: dry run: would write " << t.unit_path.string() << "\n";
@@ -447,15 +453,7 @@ std::string render_systemd_unit(const ServiceFields& f) {
   std::string system_lines;
   if (f.scope == ServiceScope::system) {
     if (f.user.find_first_of(" \t") != std::string::npos) throw Failure("odd user name: " + f.user);
-    system_lines =
-        "# --system only (a user manager cannot set these up).  User= is who ran install-service.\n"
-        "User=" + f.user + "\n"
-        "ProtectSystem=full\n"
-        "ProtectKernelTunables=yes\n"
-        "ProtectKernelModules=yes\n"
-        "ProtectControlGroups=yes\n"
-        "RestrictSUIDSGID=yes\n"
-        "LockPersonality=yes\n";
+    system_lines = fill(kSystemdSystemLines, {{"KGATE_USER", f.user}});  // config/kgate.service.system
   }
   return fill(kSystemdUnitTemplate,
               {{"KGATE_BIN", systemd_exec_quote(f.kgate_bin.string())},

@@ -1,0 +1,27 @@
+# The systemd units the install carries, made from config/kgate.service: the same template
+# `kgate install-service` fills in at run time (gateway/cli/service.cpp), so the two cannot
+# drift.  install-service writes a unit for one user with that user's paths; these name the
+# installed kgate and leave the rest to systemd's specifiers:
+#   kgate.service (user unit):    `systemctl --user enable --now kgate`
+#   kgate@.service (system):      `sudo systemctl enable --now kgate@alice` runs it as alice
+set(KGATE_BIN "${CMAKE_INSTALL_FULL_BINDIR}/kgate")
+set(KGATE_SERVE_ARGS "")
+
+# The user unit: %h is the user's home in a user manager.
+set(KGATE_ENV_FILE "%h/.config/kgate/kgate.env")
+set(KGATE_SYSTEM_LINES "")
+set(KGATE_WANTED_BY "default.target")
+configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${CMAKE_BINARY_DIR}/systemd/user/kgate.service @ONLY)
+
+# The system template: User=%i.  %h would be root's home here (the system manager's, whatever
+# User= says), so the environment file is /etc/kgate/<user>.env.
+set(KGATE_ENV_FILE "/etc/kgate/%i.env")
+# The lines install-service adds for --system (config/kgate.service.system), with User=%i.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/config/kgate.service.system)
+file(READ ${PROJECT_SOURCE_DIR}/config/kgate.service.system KGATE_SYSTEM_LINES)
+string(REPLACE "@KGATE_USER@" "%i" KGATE_SYSTEM_LINES "${KGATE_SYSTEM_LINES}")
+set(KGATE_WANTED_BY "multi-user.target")
+configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${CMAKE_BINARY_DIR}/systemd/system/kgate@.service @ONLY)
+
+install(FILES ${CMAKE_BINARY_DIR}/systemd/user/kgate.service DESTINATION lib/systemd/user)
+install(FILES ${CMAKE_BINARY_DIR}/systemd/system/kgate@.service DESTINATION lib/systemd/system)
