@@ -17,6 +17,7 @@ PKGS=(
   ccache mold lld  # the compiler cache and the fast linkers (cmake/BuildSpeed.cmake)
   slurmctld slurmd slurm-client munge openssh-server  # the remote launchers' test engines (tests/integration/engines.py)
   tmux  # the interactive Claude Code in tests/integration/test_claude_code.py
+  help2man  # the man pages kgate.1 and kgate-mcp.1, from the programs' --help (cmake/ManPages.cmake)
 )
 
 missing=()

@@ -45,6 +45,7 @@ def test_the_installed_layout(installed):
         "lib/systemd/user/kgate.service", "lib/systemd/system/kgate@.service",
         "share/doc/kgate/examples/kgate.toml", "share/doc/kgate/examples/gateways.toml",
         "share/doc/kgate/examples/startup.py", "share/doc/kgate/examples/inspectors.py",
+        "share/man/man1/kgate.1", "share/man/man1/kgate-mcp.1", "share/man/man5/kgate.toml.5",
     ]), files
     for exe in ("bin/kgate", "bin/kgate-mcp", "lib/kgate/kgate-supervise"):
         assert os.access(root / exe, os.X_OK), exe
@@ -66,6 +67,33 @@ def test_the_installed_layout(installed):
     assert t["WantedBy"] == ["multi-user.target"] and t["User"] == ["%i"], t
     assert t["EnvironmentFile"] == ["-/etc/kgate/%i.env"], t
     assert t["ProtectSystem"] == ["full"], t
+
+
+def test_the_man_pages_say_what_the_programs_and_the_sample_config_say(installed):
+    prefix, root, build = installed
+    env = dict(os.environ, MANPATH=str(root / "share/man"), MANWIDTH="200", MAN_KEEP_FORMATTING="")
+
+    def page(name):
+        where = subprocess.run(["man", "-w", name], env=env, capture_output=True, text=True, timeout=30)
+        assert where.returncode == 0 and where.stdout.startswith(str(root)), (name, where.stdout, where.stderr)
+        out = subprocess.run(["man", where.stdout.strip()], env=env, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and not out.stderr, (name, out.stderr)  # no roff warning
+        return out.stdout
+
+    kgate = page("kgate")
+    # Every subcommand's own --help is a section, each option as the program prints it.
+    for sub in ("serve", "install-service", "stop", "proxy-kernel"):
+        assert f"kgate {sub}" in kgate, sub
+    serve_help = subprocess.run([str(root / "bin/kgate"), "serve", "--help"], capture_output=True, text=True).stdout
+    for line in serve_help.splitlines():
+        if line.strip().startswith("--"):
+            assert line.strip().split()[0] in kgate, line
+    assert "kgate-mcp(1)" in kgate and "kgate.toml(5)" in kgate
+    assert "--log-level" in page("kgate-mcp")
+    toml = page("kgate.toml")
+    sample = (Path(__file__).resolve().parents[2] / "config/kgate.toml").read_text()
+    for key in ("[server]", "ip = \"127.0.0.1\"", "port = 8787"):
+        assert key in sample and key in toml, key
 
 
 def test_an_installed_kgate_runs_kernels_under_its_own_supervisor(installed, tmp_path):
