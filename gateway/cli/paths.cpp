@@ -20,8 +20,8 @@ SelfPaths self_paths(const fs::path& exe) {
       break;
     }
   }
-  std::error_code ec;
-  p.build_tree = fs::exists(dir.parent_path() / "CMakeCache.txt", ec) || fs::exists(dir / "CMakeCache.txt", ec);
+  std::error_code ec;  // build/gateway/kgate, build/translator/kgate-mcp: the cache is in build/
+  p.build_tree = fs::exists(dir.parent_path() / "CMakeCache.txt", ec);
   return p;
 }
 

@@ -10,7 +10,7 @@ namespace kgate::gw {
 struct SelfPaths {
   std::filesystem::path exe;         // this kgate, absolute
   std::filesystem::path supervisor;  // kgate-supervise; empty when there is none to run
-  // A build folder's binary (its CMakeCache.txt is one or two folders up): a service that runs
+  // A build folder's binary (its CMakeCache.txt is in the folder above): a service that runs
   // it breaks when the folder is rebuilt or removed.
   bool build_tree = false;
 };

@@ -112,13 +112,9 @@ fs::path running_binary() {
   auto p = fs::canonical(buf, ec);
   return ec ? fs::absolute(buf) : p;
 #else
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw Failure("cannot read /proc/self/exe: " + ec.message());
-  std::string s = p.string();
-  constexpr std::string_view deleted = " (deleted)";  // the binary was replaced while running
-  if (s.size() > deleted.size() && s.ends_with(deleted)) s.resize(s.size() - deleted.size());
-  return s;
+  fs::path exe = self_paths().exe;
+  if (exe.empty()) throw Failure("cannot read /proc/self/exe");
+  return exe;
 #endif
 }
 
