@@ -43,9 +43,7 @@ class HubTest : public ::testing::Test {
     ioc.poll();  // on_kernel_message posts onto the Asio thread, as from the kernel's I/O thread
     ioc.restart();
   }
-  static std::string text_of(const OutPtr& m) {
-    return json::parse(m->msg().wire.content).value("text", json::parse(m->msg().wire.content).dump());
-  }
+  static std::string text_of(const OutPtr& m) { return json::parse(m->msg().wire.content).value("text", ""); }
   static std::vector<std::string> texts(const std::vector<OutPtr>& v) {
     std::vector<std::string> out;
     for (auto& m : v) out.push_back(text_of(m));

@@ -41,7 +41,6 @@ class FakeKernel {
     std::lock_guard<std::mutex> l(mu_);
     return requests_;
   }
-  bool bound() const { return bound_; }
 
  private:
   void run() {
@@ -62,7 +61,6 @@ class FakeKernel {
     stdin_.bind(ci.endpoint(ci.stdin_port));
     iopub.bind(ci.endpoint(ci.iopub_port));
     hb.bind(ci.endpoint(ci.hb_port));
-    bound_ = true;
     int count = 0;
 
     auto send = [&](zmq::socket_t& s, std::vector<std::string> ids, const WireMessage& parent, const std::string& type,
@@ -126,7 +124,6 @@ class FakeKernel {
 
   std::filesystem::path file_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> bound_{false};
   mutable std::mutex mu_;
   std::vector<std::string> requests_;
   std::thread thread_;  // last: it starts once everything above is made
