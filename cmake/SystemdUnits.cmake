@@ -4,14 +4,19 @@
 # installed kgate and leave the rest to systemd's specifiers:
 #   kgate.service (user unit):    `systemctl --user enable --now kgate`
 #   kgate@.service (system):      `sudo systemctl enable --now kgate@alice` runs it as alice
-set(KGATE_BIN "${CMAKE_INSTALL_FULL_BINDIR}/kgate")
+# ExecStart names the prefix of the install itself (`cmake --install --prefix`, or the package's
+# /usr), not the one configured: the template is filled in here with every field but that path,
+# and the path at install time (the install(CODE) below).
+set(KGATE_BIN "@KGATE_INSTALLED_BIN@")
 set(KGATE_SERVE_ARGS "")
+set(KGATE_DOCUMENTATION "Documentation=man:kgate(1) man:kgate.toml(5)\n")  # as gateway/cli/service.cpp
+set(units ${CMAKE_BINARY_DIR}/systemd)
 
 # The user unit: %h is the user's home in a user manager.
 set(KGATE_ENV_FILE "%h/.config/kgate/kgate.env")
 set(KGATE_SYSTEM_LINES "")
 set(KGATE_WANTED_BY "default.target")
-configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${CMAKE_BINARY_DIR}/systemd/user/kgate.service @ONLY)
+configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${units}/kgate.service.in @ONLY)
 
 # The system template: User=%i.  %h would be root's home here (the system manager's, whatever
 # User= says), so the environment file is /etc/kgate/<user>.env.
@@ -21,7 +26,11 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_
 file(READ ${PROJECT_SOURCE_DIR}/config/kgate.service.system KGATE_SYSTEM_LINES)
 string(REPLACE "@KGATE_USER@" "%i" KGATE_SYSTEM_LINES "${KGATE_SYSTEM_LINES}")
 set(KGATE_WANTED_BY "multi-user.target")
-configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${CMAKE_BINARY_DIR}/systemd/system/kgate@.service @ONLY)
+configure_file(${PROJECT_SOURCE_DIR}/config/kgate.service ${units}/kgate@.service.in @ONLY)
 
-install(FILES ${CMAKE_BINARY_DIR}/systemd/user/kgate.service DESTINATION lib/systemd/user)
-install(FILES ${CMAKE_BINARY_DIR}/systemd/system/kgate@.service DESTINATION lib/systemd/system)
+install(CODE "
+  set(KGATE_INSTALLED_BIN \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_BINDIR}/kgate\")
+  configure_file(\"${units}/kgate.service.in\" \"${units}/user/kgate.service\" @ONLY)
+  configure_file(\"${units}/kgate@.service.in\" \"${units}/system/kgate@.service\" @ONLY)")
+install(FILES ${units}/user/kgate.service DESTINATION lib/systemd/user)
+install(FILES ${units}/system/kgate@.service DESTINATION lib/systemd/system)

@@ -18,6 +18,7 @@ PKGS=(
   slurmctld slurmd slurm-client munge openssh-server  # the remote launchers' test engines (tests/integration/engines.py)
   tmux  # the interactive Claude Code in tests/integration/test_claude_code.py
   help2man  # the man pages kgate.1 and kgate-mcp.1, from the programs' --help (cmake/ManPages.cmake)
+  dpkg-dev lintian  # the package: dpkg-shlibdeps (CPack), and its check (scripts/package.sh, tests/integration/test_package.py)
 )
 
 missing=()

@@ -327,7 +327,7 @@ void kernel_action(Services& server, const Request& req, const std::string& id, 
       if (st == http::status::no_content) {
         Response res{st, version};
         res.keep_alive(keep_alive);
-        res.set(http::field::server, "kgate/" KGATE_VERSION);
+        res.set(http::field::server, kgate::server_header());
         respond(std::move(res));
       } else if (st == http::status::ok) {
         respond(json_response(fake, st, body));
@@ -469,7 +469,7 @@ void api_root(Call& c) {
               {"records", c.services.jobs().limits().enabled},
               {"features", {"jobs", "agent", "claims", "stop", "digest", "notebook", "observe", "attach"}}};
   c.respond(json_response(c.req, http::status::ok,
-                          json{{"version", KGATE_VERSION}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
+                          json{{"version", kgate::version()}, {"server", "kgate"}, {"extensions", {{"kgate", ext}}}}.dump()));
 }
 
 void api_status(Call& c) {
@@ -537,7 +537,7 @@ void kernelspec_resource(Call& c) {
   std::ostringstream ss;
   ss << in.rdbuf();
   Response res{http::status::ok, c.req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.set(http::field::content_type, kernelspec_content_type(file));
   res.set("X-Content-Type-Options", "nosniff");
   res.set(http::field::cache_control, "max-age=2592000");
@@ -549,7 +549,7 @@ void kernelspec_resource(Call& c) {
 
 void root_redirect(Call& c) {
   Response res{http::status::found, c.req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.set(http::field::location, c.services.options().base_url + "observe" + (c.query.empty() ? "" : "?" + c.query));
   res.keep_alive(c.req.keep_alive());
   res.prepare_payload();

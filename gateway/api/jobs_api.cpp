@@ -586,7 +586,7 @@ std::string attach_command(const KernelSpec& spec, const std::string& connection
 
 Response observe_page(const Request& req) {
   Response res{http::status::ok, req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.set(http::field::content_type, "text/html; charset=utf-8");
   res.set(http::field::cache_control, "no-store");
   // The page has Stop and Restart buttons: no framing by other sites, no foreign scripts.

@@ -30,7 +30,7 @@ json rpc_error(const json& id, int code, const std::string& message) {
 
 Response json_rpc_response(unsigned version, bool keep_alive, http::status st, const json* body) {
   Response res{st, version};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.keep_alive(keep_alive);
   if (body) {
     res.set(http::field::content_type, "application/json");
@@ -165,7 +165,7 @@ struct McpHttp::Pending : std::enable_shared_from_this<McpHttp::Pending> {
       streaming = true;
       net::post(ioc, [self = shared_from_this()] {
         Response head{http::status::ok, self->version};
-        head.set(http::field::server, "kgate/" KGATE_VERSION);
+        head.set(http::field::server, kgate::server_header());
         head.set(http::field::content_type, "text/event-stream");
         head.set(http::field::cache_control, "no-cache");
         head.keep_alive(self->keep_alive);
@@ -389,7 +389,7 @@ void McpHttp::del(Call& c) {
     return c.respond(json_error(c.req, http::status::not_found, "Session not found"));
   end(sid, "the client deleted it");
   Response res{http::status::ok, c.req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.keep_alive(c.req.keep_alive());
   res.prepare_payload();
   c.respond(std::move(res));

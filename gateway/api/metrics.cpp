@@ -71,7 +71,7 @@ void metrics_page(Call& c) {
   Page p;
 
   p.family("kgate_build_info", "gauge", "kgate's version (the value is always 1).");
-  p.sample("kgate_build_info", 1, {{"version", KGATE_VERSION}});
+  p.sample("kgate_build_info", 1, {{"version", std::string(kgate::version())}});
   p.family("kgate_start_time_seconds", "gauge", "When this kgate started, in seconds since the Unix epoch.");
   p.sample("kgate_start_time_seconds", server.started_unix());
 
@@ -158,7 +158,7 @@ void metrics_page(Call& c) {
   p.sample("kgate_sessions", static_cast<double>(server.sessions().all().size()));
 
   Response res{http::status::ok, c.req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
   res.set(http::field::cache_control, "no-store");
   res.keep_alive(c.req.keep_alive());

@@ -277,7 +277,7 @@ void session_delete(Call& c) {
   release_kernel(server, s, "ended", [r] {
     Response res{http::status::no_content, r.version};
     res.keep_alive(r.keep_alive);
-    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    res.set(http::field::server, kgate::server_header());
     r.respond(std::move(res));
   });
 }

@@ -26,7 +26,7 @@
 int main(int argc, char** argv) {
   using kgate::gw::GatewayOptions;
   CLI::App app{"kgate: a resident Jupyter kernel gateway (the Jupyter kernels HTTP/websocket API)"};
-  app.set_version_flag("--version", KGATE_VERSION);
+  app.set_version_flag("--version", std::string(kgate::version()));
   app.require_subcommand(1);
 
   auto* serve = app.add_subcommand("serve", "Run the gateway in the foreground (logs go to stderr)");
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
                        "; state in " + o.state_dir.string();
     if (o.tcp) {
       std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
-      spdlog::info("kgate {} listening on {}://{}:{}{} ({})", KGATE_VERSION, server.tls() ? "https" : "http", host,
+      spdlog::info("kgate {} listening on {}://{}:{}{} ({})", kgate::version(), server.tls() ? "https" : "http", host,
                    ep.port(), o.base_url, tail);
       kgate::gw::log_observe_url(o, std::string(server.tls() ? "https" : "http") + "://" + host + ":" +
                                         std::to_string(ep.port()) + o.base_url);
@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
                      "give --certfile and --keyfile (or put an https proxy in front)", o.ip);
     }
     if (!server.unix_socket().empty())
-      spdlog::info("kgate {} listening on unix:{} (mode 0600, uid {}{}; {})", KGATE_VERSION,
+      spdlog::info("kgate {} listening on unix:{} (mode 0600, uid {}{}; {})", kgate::version(),
                    server.unix_socket().string(), ::geteuid(),
                    o.unix_allow_uids.empty() ? "" : " and unix_allow_uids", tail);
     server.run();

@@ -183,7 +183,7 @@ json Proxy::kernel_info(const std::string& banner) const {
   return {{"status", "ok"},
           {"protocol_version", "5.3"},
           {"implementation", "kgate-proxy"},
-          {"implementation_version", KGATE_VERSION},
+          {"implementation_version", kgate::version()},
           {"language_info", lang_},
           {"banner", banner},
           {"help_links", json::array()},

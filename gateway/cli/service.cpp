@@ -238,6 +238,7 @@ SystemdTarget systemd_target(const ServiceOptions& opts) {
   SystemdTarget t;
   t.fields.scope = opts.scope;
   t.fields.kgate_bin = running_binary();
+  t.fields.man_pages = !self_paths(t.fields.kgate_bin).build_tree;
   t.fields.config = absolute_config(opts.config);
   t.ctl = {"systemctl"};
   if (opts.scope == ServiceScope::system) {
@@ -372,6 +373,7 @@ LaunchdTarget launchd_target(const ServiceOptions& opts) {
 #endif
   LaunchdTarget t;
   t.fields.kgate_bin = running_binary();
+  t.fields.man_pages = !self_paths(t.fields.kgate_bin).build_tree;
   t.fields.config = absolute_config(opts.config);
   t.fields.home = kgate::home_dir();
   t.fields.log = t.fields.home / "Library" / "Logs" / "kgate.log";
@@ -441,6 +443,10 @@ std::string systemd_exec_quote(std::string_view arg) {
   return q + "\"";
 }
 
+// The Documentation= line of the units an installed kgate writes, and of the units the install
+// carries (cmake/SystemdUnits.cmake).
+constexpr std::string_view kUnitDocumentation = "Documentation=man:kgate(1) man:kgate.toml(5)\n";
+
 std::string render_systemd_unit(const ServiceFields& f) {
   check_plain("the kgate path", f.kgate_bin.string());
   check_plain("the config path", f.config.string());
@@ -456,6 +462,7 @@ std::string render_systemd_unit(const ServiceFields& f) {
                {"KGATE_SERVE_ARGS", f.config.empty() ? "" : " --config " + systemd_exec_quote(f.config.string())},
                {"KGATE_ENV_FILE", systemd_escape_percent(f.env_file.string())},
                {"KGATE_SYSTEM_LINES", system_lines},
+               {"KGATE_DOCUMENTATION", f.man_pages ? std::string(kUnitDocumentation) : ""},
                {"KGATE_WANTED_BY", f.scope == ServiceScope::system ? "multi-user.target" : "default.target"}});
 }
 

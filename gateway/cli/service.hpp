@@ -32,6 +32,7 @@ struct ServiceFields {
   std::filesystem::path home;       // launchd: WorkingDirectory
   std::filesystem::path log;        // launchd: StandardErrorPath
   std::string user;                 // systemd --system: User=
+  bool man_pages = false;           // systemd: Documentation= names kgate(1) (an installed kgate)
 };
 
 std::string render_systemd_unit(const ServiceFields& f);

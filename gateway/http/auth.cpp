@@ -96,7 +96,7 @@ Response cors_preflight(const GatewayOptions& opts, const Request& req) {
                       "Origin " + origin + " is not allowed (add it to allow_origins in kgate.toml)");
   }
   Response res{http::status::no_content, req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.keep_alive(req.keep_alive());
   add_cors_headers(opts, origin, res);
   res.erase(http::field::access_control_expose_headers);  // for actual responses only

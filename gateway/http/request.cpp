@@ -43,7 +43,7 @@ bool is_loopback_address(const std::string& ip) {
 
 Response json_response(const Request& req, http::status status, const std::string& body) {
   Response res{status, req.version()};
-  res.set(http::field::server, "kgate/" KGATE_VERSION);
+  res.set(http::field::server, kgate::server_header());
   res.set(http::field::content_type, "application/json");
   res.set(http::field::cache_control, "no-store");
   res.keep_alive(req.keep_alive());

@@ -20,7 +20,7 @@ void AgentSession::run(http::request<http::string_body> req) {
   ws_->expires_never();
   ws_->set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
   ws_->set_option(websocket::stream_base::decorator(
-      [](websocket::response_type& res) { res.set(http::field::server, "kgate/" KGATE_VERSION); }));
+      [](websocket::response_type& res) { res.set(http::field::server, kgate::server_header()); }));
   ws_->read_message_max(kMaxAgentMessage);
   ws_->async_accept(req, beast::bind_front_handler(&AgentSession::on_accept, shared_from_this()));
 }

@@ -37,7 +37,7 @@ void WsSession::run(http::request<http::string_body> req) {
   ws_->expires_never();
   ws_->set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
   ws_->set_option(websocket::stream_base::decorator([v1](websocket::response_type& res) {
-    res.set(http::field::server, "kgate/" KGATE_VERSION);
+    res.set(http::field::server, kgate::server_header());
     if (v1) res.set(http::field::sec_websocket_protocol, kV1Protocol);
   }));
   ws_->read_message_max(server_.options().max_ws_message_bytes);

@@ -38,7 +38,7 @@ namespace ssl = net::ssl;
 using tcp = net::ip::tcp;
 
 // "<program>/<version>": kgate-mcp, or kgate (kernels, proxy-kernel).
-inline std::string user_agent() { return std::string(program_invocation_short_name) + "/" + KGATE_VERSION; }
+inline std::string user_agent() { return std::string(program_invocation_short_name) + "/" + std::string(kgate::version()); }
 
 // A failed connect to a Unix socket as one sentence naming the path.
 inline std::string unix_connect_message(const Endpoint& ep, const beast::error_code& ec) {

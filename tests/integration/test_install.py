@@ -30,10 +30,12 @@ def installed(kgate_bin, tmp_path_factory):
     if not (build / "CMakeCache.txt").is_file():
         pytest.skip(f"{kgate_bin} is not in a CMake build folder: there is nothing to install")
     dest = tmp_path_factory.mktemp("destdir")
-    proc = subprocess.run(["cmake", "--install", str(build)], env=dict(os.environ, DESTDIR=str(dest)),
+    # A prefix other than the configured one: the units name the prefix of the install itself.
+    prefix = "/opt/kgate-test"
+    assert prefix != cache_value(build, "CMAKE_INSTALL_PREFIX")
+    proc = subprocess.run(["cmake", "--install", str(build), "--prefix", prefix], env=dict(os.environ, DESTDIR=str(dest)),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    prefix = cache_value(build, "CMAKE_INSTALL_PREFIX")
     return prefix, dest / prefix.lstrip("/"), build
 
 
@@ -45,11 +47,12 @@ def test_the_installed_layout(installed):
         "lib/systemd/user/kgate.service", "lib/systemd/system/kgate@.service",
         "share/doc/kgate/examples/kgate.toml", "share/doc/kgate/examples/gateways.toml",
         "share/doc/kgate/examples/startup.py", "share/doc/kgate/examples/inspectors.py",
-        "share/man/man1/kgate.1", "share/man/man1/kgate-mcp.1", "share/man/man5/kgate.toml.5",
+        "share/man/man1/kgate.1.gz", "share/man/man1/kgate-mcp.1.gz", "share/man/man5/kgate.toml.5.gz",
+        "share/doc/kgate/copyright", "share/doc/kgate/changelog.gz",
     ]), files
     for exe in ("bin/kgate", "bin/kgate-mcp", "lib/kgate/kgate-supervise"):
         assert os.access(root / exe, os.X_OK), exe
-    version = cache_value(build, "CMAKE_PROJECT_VERSION")
+    version = cache_value(build, "CMAKE_PROJECT_VERSION") + cache_value(build, "KGATE_VERSION_SUFFIX")
     for exe in ("bin/kgate", "bin/kgate-mcp"):
         out = subprocess.run([str(root / exe), "--version"], capture_output=True, text=True, timeout=10)
         assert out.returncode == 0 and version in out.stdout, (exe, out.stdout, out.stderr)
@@ -61,6 +64,7 @@ def test_the_installed_layout(installed):
         s = unit_settings(text)
         assert s["ExecStart"] == [f"{prefix}/bin/kgate serve"], s
         assert s["Type"] == ["notify"] and s["KillMode"] == ["process"], s
+        assert s["Documentation"] == ["man:kgate(1) man:kgate.toml(5)"], s
     u, t = unit_settings(user), unit_settings(system)
     assert u["WantedBy"] == ["default.target"] and "User" not in u, u
     assert u["EnvironmentFile"] == ["-%h/.config/kgate/kgate.env"], u
@@ -115,8 +119,10 @@ def test_install_service_names_the_installed_kgate_and_warns_for_a_build_folder(
     proc = run_kgate(str(root / "bin/kgate"), ["install-service", "--user", "--dry-run"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert unit_settings(proc.stdout)["ExecStart"] == [f"{root}/bin/kgate serve"], proc.stdout
+    assert unit_settings(proc.stdout)["Documentation"] == ["man:kgate(1) man:kgate.toml(5)"], proc.stdout
     assert "build folder" not in proc.stderr, proc.stderr
 
     proc = run_kgate(kgate_bin, ["install-service", "--user", "--dry-run"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "is a build folder's binary" in proc.stderr and "cmake --install" in proc.stderr, proc.stderr
+    assert "Documentation" not in unit_settings(proc.stdout), proc.stdout  # no man page to name

@@ -6,6 +6,6 @@
 namespace kgate::mcp {
 
 std::string_view server_name() { return "kgate-mcp"; }
-std::string_view server_version() { return KGATE_VERSION; }
+std::string_view server_version() { return kgate::version(); }
 
 }  // namespace kgate::mcp
