@@ -21,8 +21,8 @@ SHIM = pathlib.Path(__file__).resolve().parent / "mcp_shim.py"
 SERVER = "kernel"  # the MCP server's name in Claude Code's config: tools are mcp__kernel__<tool>
 
 
-def tool_name(tool):
-    return f"mcp__{SERVER}__{tool}"
+def tool_name(tool, server=SERVER):
+    return f"mcp__{server}__{tool}"
 
 
 class StandIn:
@@ -30,8 +30,10 @@ class StandIn:
     short name), then a final text. `results` gets, per step, the tool_result block the next
     request carried back."""
 
-    def __init__(self, script, final="done"):
+    def __init__(self, script, final="done", server=SERVER):
+        """server: the MCP server's name in tool names (a plugin's is plugin_<plugin>_<server>)."""
         self.script = list(script)
+        self.server = server
         self.final = final
         self.requests = []
         self.results = []  # (tool, input, tool_result block)
@@ -120,13 +122,13 @@ class StandIn:
                 inp = inp(self.results)
             self._n += 1
             uid = f"toolu_{self._n:04d}"
-            if tool_name(tool) not in tools:  # deferred: load it first
+            if tool_name(tool, self.server) not in tools:  # deferred: load it first
                 self._issued[uid] = ("ToolSearch", None)
                 return [{"type": "tool_use", "id": uid, "name": "ToolSearch",
-                         "input": {"query": f"select:{tool_name(tool)}", "max_results": 5}}], "tool_use"
+                         "input": {"query": f"select:{tool_name(tool, self.server)}", "max_results": 5}}], "tool_use"
             self.script.pop(0)
             self._issued[uid] = (tool, inp)
-            return [{"type": "tool_use", "id": uid, "name": tool_name(tool), "input": inp}], "tool_use"
+            return [{"type": "tool_use", "id": uid, "name": tool_name(tool, self.server), "input": inp}], "tool_use"
 
 
 def message(blocks, stop, model):
@@ -197,12 +199,16 @@ def claude_env(home, standin):
     return env
 
 
-def run_print(config, home, standin, cwd, timeout=240):
-    """`claude -p` for one turn; returns the CompletedProcess (stream-json on stdout)."""
-    cmd = [str(CLAUDE), "-p", "go", "--mcp-config", str(config), "--strict-mcp-config",
-           "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose"]
-    return subprocess.run(cmd, cwd=cwd, env=claude_env(home, standin), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+def run_print(config, home, standin, cwd, timeout=240, env=None):
+    """`claude -p` for one turn; returns the CompletedProcess (stream-json on stdout).
+    config=None: no --mcp-config, only the servers of the user's settings and plugins.
+    env: added to Claude Code's environment (which its stdio servers inherit)."""
+    cmd = [str(CLAUDE), "-p", "go"]
+    if config is not None:
+        cmd += ["--mcp-config", str(config), "--strict-mcp-config"]
+    cmd += ["--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose"]
+    return subprocess.run(cmd, cwd=cwd, env={**claude_env(home, standin), **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def protocol_log(log):

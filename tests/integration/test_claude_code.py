@@ -4,12 +4,14 @@ receives, and what went over the wire between Claude Code and kgate-mcp."""
 
 import json
 import os
+import re
+import subprocess
 import time
 
 import pytest
 
-from claude_code import (CLAUDE, Interactive, StandIn, http_config, protocol_log, result_text, run_print,
-                         stdio_config)
+from claude_code import (CLAUDE, REPO, Interactive, StandIn, claude_env, http_config, protocol_log, result_text,
+                         run_print, stdio_config)
 from conftest import wait_until
 from test_mcp_transcript import mcp_bin, owner_token_env  # noqa: F401 (mcp_bin is a fixture)
 
@@ -208,3 +210,45 @@ def test_print_mode_over_kgates_own_mcp(kgate_factory, tmp_path, standin):
     first, slow = (result_text(r[2]) for r in standin.results)
     assert first.endswith(")\nfirst 42") and not standin.results[0][2].get("is_error"), first
     assert "awake after 70 s" in slow and not standin.results[1][2].get("is_error"), slow
+
+
+def test_the_plugin_gives_claude_code_the_kernel_tools_of_the_installed_kgate_mcp(kgate, mcp_bin, tmp_path):  # noqa: F811
+    """The repository's plugin (.claude-plugin/marketplace.json and plugin/, issue 45): valid to
+    Claude Code's strict check, at kgate's version, added as a marketplace and installed with
+    Claude Code's own commands; its server is the kgate-mcp on PATH (the package puts it in
+    /usr/bin; here a link to the build's), which runs a cell."""
+    project = re.search(r"project\(kgate VERSION (\S+)", (REPO / "CMakeLists.txt").read_text()).group(1)
+    market = json.loads((REPO / ".claude-plugin/marketplace.json").read_text())
+    manifest = json.loads((REPO / "plugin/.claude-plugin/plugin.json").read_text())
+    entry = next(p for p in market["plugins"] if p["name"] == "kgate")
+    assert manifest["version"] == entry["version"] == project, (manifest, entry, project)
+    assert json.loads((REPO / "plugin/.mcp.json").read_text())["mcpServers"]["kernel"]["command"] == "kgate-mcp"
+
+    standin = StandIn([("execute", {"code": "print('from the plugin')\n6 * 7"})], server="plugin_kgate_kernel")
+    try:
+        home = tmp_path / "home"
+        env = claude_env(home, standin)
+
+        def claude(*args):
+            proc = subprocess.run([str(CLAUDE), *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=120, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 0, (args, proc.stdout[-3000:], proc.stderr[-3000:])
+            return proc.stdout
+        for path in (REPO, REPO / "plugin"):
+            claude("plugin", "validate", "--strict", str(path))
+        claude("plugin", "marketplace", "add", str(REPO))
+        claude("plugin", "install", "kgate@kgate")
+        assert "kgate@kgate" in claude("plugin", "list")
+
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "kgate-mcp").symlink_to(mcp_bin)
+        extra = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "KGATE_URL": kgate.url}
+        extra.update(owner_token_env(extra))
+        run = run_print(None, home, standin, tmp_path, env=extra)
+        assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+        assert [r[0] for r in standin.results] == ["execute"], (standin.results, run.stdout[-3000:])
+        got = standin.results[0][2]
+        assert not got.get("is_error") and "from the plugin\n" in result_text(got) and "42" in result_text(got), got
+    finally:
+        standin.close()

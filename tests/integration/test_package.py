@@ -107,6 +107,10 @@ def test_the_package_installs_serves_an_agent_and_removes_cleanly(build, release
     for lib in ("libzmq5", "libssl3", "libstdc++6", "libc6"):  # dpkg-shlibdeps, from the programs' links
         assert lib in depends, depends
     assert field(release, "Recommends") == "python3-ipykernel"
+    # No maintainer script: installing enables and starts nothing, for any user.
+    members = subprocess.run(f"dpkg-deb --ctrl-tarfile {release} | tar -t", shell=True, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert sorted(m.lstrip("./") for m in members if m.strip("./")) == ["control", "md5sums"], members
 
     install(release)
     files = [f for f in run(["dpkg", "-L", "kgate"]).stdout.splitlines() if os.path.isfile(f)]
