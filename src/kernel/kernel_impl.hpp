@@ -186,6 +186,7 @@ struct KernelIo {
   bool hb_warned = false;
   std::uint64_t hb_seq = 0;
   std::chrono::steady_clock::time_point hb_silent_since;  // the first unanswered ping
+  Clock::time_point hb_sent_at{};  // the last ping (a round skips a kernel pinged in its last half)
 
   // A remote launcher's kernel (docs/dev/remote-launchers.md).
   bool remote() const { return request.launcher != nullptr; }
@@ -383,7 +384,15 @@ struct KernelManager::Impl {
   // Listening to a kernel an earlier kgate started (adopt()): sockets and readiness, no launch.
   void attach(KernelIo& k);
   bool cull_now(KernelIo& k, const CullRequest& req);
+  // Heartbeats (docs/dev/kernel-lifecycle.md, "Heartbeat"): a kernel is pinged once when it
+  // becomes ready (or its link is back), then in the one round that pings every ready kernel
+  // each heartbeat_interval: one timer and one burst of sends for all of them, not a timer
+  // each at its own phase (60 idle kernels woke kgate-io 60 times a second).
   void heartbeat_tick(const std::string& id, std::uint64_t epoch);
+  void heartbeat_ping(KernelIo& k);
+  void heartbeat_arm();
+  void heartbeat_round();
+  bool hb_round_armed = false;
 };
 
 

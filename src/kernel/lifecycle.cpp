@@ -413,20 +413,46 @@ void KernelManager::Impl::fail_start(KernelIo& k, const std::string& why) {
 void KernelManager::Impl::heartbeat_tick(const std::string& id, std::uint64_t epoch) {
   KernelIo* k = find(id);
   if (!k || k->epoch != epoch || k->phase != KernelPhase::ready || !k->hb) return;
-  if (k->hb_waiting) {
-    ++k->hb_misses;
-    if (k->hb_misses >= opts.heartbeat_misses && !k->hb_warned) {
-      k->hb_warned = true;
-      k->kernel->set_responsive(false, k->hb_silent_since);
-      spdlog::warn("kernel {}: unresponsive: no heartbeat for {} ms (process {} still running)", id,
-                   k->hb_misses * opts.heartbeat_interval.count(), k->proc.pid());
+  heartbeat_ping(*k);
+  heartbeat_arm();
+}
+
+void KernelManager::Impl::heartbeat_ping(KernelIo& k) {
+  if (k.hb_waiting) {
+    ++k.hb_misses;
+    if (k.hb_misses >= opts.heartbeat_misses && !k.hb_warned) {
+      k.hb_warned = true;
+      k.kernel->set_responsive(false, k.hb_silent_since);
+      spdlog::warn("kernel {}: unresponsive: no heartbeat for {} ms (process {} still running)", k.kernel->id(),
+                   k.hb_misses * opts.heartbeat_interval.count(), k.proc.pid());
     }
   }
-  std::string ping = std::to_string(++k->hb_seq);
-  if (!k->hb_waiting) k->hb_silent_since = std::chrono::steady_clock::now();
-  k->recheck |= KernelIo::kHbBit;
-  if (k->hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k->hb_waiting = true;
-  after(opts.heartbeat_interval, [this, id, epoch] { heartbeat_tick(id, epoch); });
+  std::string ping = std::to_string(++k.hb_seq);
+  k.hb_sent_at = Clock::now();
+  if (!k.hb_waiting) k.hb_silent_since = std::chrono::steady_clock::now();
+  k.recheck |= KernelIo::kHbBit;
+  if (k.hb->send(zmq::buffer(ping), zmq::send_flags::dontwait)) k.hb_waiting = true;
+}
+
+void KernelManager::Impl::heartbeat_arm() {
+  if (hb_round_armed) return;
+  hb_round_armed = true;
+  after(opts.heartbeat_interval, [this] { heartbeat_round(); });
+}
+
+void KernelManager::Impl::heartbeat_round() {
+  hb_round_armed = false;
+  auto now = Clock::now();
+  bool any = false;
+  for (auto& [id, k] : io) {
+    if (k->phase != KernelPhase::ready || !k->hb) continue;
+    any = true;
+    // Pinged in the last half interval (it became ready just now): its echo may be on its way,
+    // so no miss is counted and no second ping sent; the next round has it.
+    if (now - k->hb_sent_at < opts.heartbeat_interval / 2) continue;
+    heartbeat_ping(*k);
+  }
+  if (any) heartbeat_arm();
 }
 
 void KernelManager::Impl::on_hb(KernelIo& k) {

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Kgate, cmdline_of, wait_until
+from conftest import Kgate, cmdline_of, sweep_supervisors, wait_until
 from records_util import agent_execute, agent_run, job_num, wait_job_end
 from test_install import cache_value
 from test_mcp_semantics import Agent
@@ -153,9 +153,16 @@ def test_an_upgrade_keeps_every_kernel_and_so_does_a_downgrade(build, release, p
     b = field(nxt, "Version")
     assert run(["dpkg", "--compare-versions", b, "gt", a], check=False).returncode == 0, (a, b)
 
-    # Version A, started as the unit starts it (`/usr/bin/kgate serve`), with a kernel that has
-    # state, an old record, and a cell running through the upgrade.
     root = tmp_path / "kg"
+    try:
+        upgrade_and_downgrade(root, a, b, release, nxt)
+    finally:
+        sweep_supervisors(root)  # a failed run leaves no kernel behind (they wait an hour otherwise)
+
+
+def upgrade_and_downgrade(root, a, b, release, nxt):
+    """Version A, started as the unit starts it (`/usr/bin/kgate serve`), with a kernel that has
+    state, an old record, and a cell running through the upgrade to B; then back to A."""
     kg = Kgate(str(BIN), root).start()
     kid = kg.start_kernel()["id"]
     first = agent_run(kg, kid, "x = 42\nprint('set')", "agent-1")
