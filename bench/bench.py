@@ -713,6 +713,8 @@ def summarize(R):
                             if any("gateway_cpu_s" in r for r in runs) else None)
     cpu_ms = lambda r: round(r["gateway_cpu_s"] * 1e3) if "gateway_cpu_s" in r else None
     pr = lambda side: side.get("prints") or {}
+    # the gateway's CPU divided by the prints the kernel made (one stream message each)
+    per_msg_us = lambda r: round(r["gateway_cpu_s"] * 1e6 / r["count"], 1) if "gateway_cpu_s" in r and r.get("count") else None
 
     def rmed(side, key, scale=1):  # the median over the alternating flood rounds
         vals = [r[key] * scale for r in side.get("flood_rounds", []) if r and key in r]
@@ -737,6 +739,7 @@ def summarize(R):
         ("%d small prints, one message each, seconds (peer: unlimited)" % PRINTS, "s",
          pr(d).get("seconds"), pr(p).get("seconds"), pr(k).get("seconds")),
         ("%d small prints, gateway CPU (ms) (peer: unlimited)" % PRINTS, "int", None, cpu_ms(pr(p)), cpu_ms(pr(k))),
+        ("small prints, gateway CPU per message (µs) (peer: unlimited)", "1", None, per_msg_us(pr(p)), per_msg_us(pr(k))),
         ("%d small prints, bytes received (peer: unlimited)" % PRINTS, "int",
          pr(d).get("received_bytes"), pr(p).get("received_bytes"), pr(k).get("received_bytes")),
         ("%d MB flood, seconds (peer: default rate limits)*" % MB, "s", df.get("seconds"), pd.get("seconds"), kf.get("seconds")),
