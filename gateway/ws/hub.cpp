@@ -27,16 +27,33 @@ Hub::Hub(net::io_context& ioc, const GatewayOptions& opts)
 
 Hub::~Hub() { *alive_ = false; }
 
-void Hub::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) {
-  net::post(ioc_, [this, alive = alive_, kernel, msg] {
-    if (*alive) route(kernel, msg);
-  });
+void Hub::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) { take({kernel, msg}); }
+
+void Hub::on_kernel_removed(const KernelPtr& kernel) { take({kernel, nullptr}); }
+
+void Hub::take(Inbound in) {
+  bool first;
+  {
+    std::lock_guard lk(inbox_mu_);
+    first = inbox_.empty();
+    inbox_.push_back(std::move(in));
+  }
+  if (first)
+    net::post(ioc_, [this, alive = alive_] {
+      if (*alive) drain();
+    });
 }
 
-void Hub::on_kernel_removed(const KernelPtr& kernel) {
-  net::post(ioc_, [this, alive = alive_, kernel] {
-    if (*alive) removed(kernel);
-  });
+void Hub::drain() {
+  {
+    std::lock_guard lk(inbox_mu_);
+    std::swap(inbox_, draining_);
+  }
+  for (auto& in : draining_) {
+    if (in.msg) route(in.kernel, in.msg);
+    else removed(in.kernel);
+  }
+  draining_.clear();
 }
 
 void Hub::keep(Replay& r, const OutPtr& m) {

@@ -9,8 +9,10 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "http/net.hpp"
 #include "options.hpp"
@@ -112,6 +114,16 @@ class Hub final : public KernelObserver {
     std::string sessionless_route;  // the route whose replay the next sessionless client adopts
   };
 
+  // What kgate-io hands over (a message, or with msg null the kernel's removal), in its order.
+  // One post per batch, not per message: the first entry into an empty inbox posts `drain`, and
+  // whatever kgate-io adds before that runs goes with it (a flood's messages share a wake of
+  // the Asio thread; a lone message is posted at once, as before).
+  struct Inbound {
+    KernelPtr kernel;
+    KernelMessagePtr msg;
+  };
+  void take(Inbound in);
+  void drain();
   void route(const KernelPtr& kernel, const KernelMessagePtr& msg);
   void removed(const KernelPtr& kernel);
   void keep(Replay& r, const OutPtr& m);
@@ -125,6 +137,9 @@ class Hub final : public KernelObserver {
   std::uint64_t anon_counter_ = 0;
   int connections_ = 0;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::mutex inbox_mu_;
+  std::vector<Inbound> inbox_;     // kgate-io adds, under inbox_mu_
+  std::vector<Inbound> draining_;  // the Asio thread's, swapped with inbox_ by drain()
 };
 
 }  // namespace kgate::gw
