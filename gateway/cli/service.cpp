@@ -373,7 +373,6 @@ LaunchdTarget launchd_target(const ServiceOptions& opts) {
 #endif
   LaunchdTarget t;
   t.fields.kgate_bin = running_binary();
-  t.fields.man_pages = !self_paths(t.fields.kgate_bin).build_tree;
   t.fields.config = absolute_config(opts.config);
   t.fields.home = kgate::home_dir();
   t.fields.log = t.fields.home / "Library" / "Logs" / "kgate.log";
