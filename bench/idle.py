@@ -85,7 +85,7 @@ def idle_cpu(server, seconds):
     return round(100.0 * (c1 - c0) / (t1 - t0), 2)
 
 
-def measure(server, env, tmp, R):
+def measure(server, env, tmp):
     r = {}
     one = bench.run_client(env, tmp, ["gateway", server.url, server.token, RT], 120)
     r["rt_alone_us"] = one["median_us"]
@@ -124,7 +124,7 @@ def main():
             live.append(s)
             try:
                 s.start()
-                R["servers"][label] = measure(s, env, tmp, R)
+                R["servers"][label] = measure(s, env, tmp)
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # noqa: BLE001 - recorded, the run goes on
