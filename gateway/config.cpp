@@ -225,6 +225,8 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "shutdown_grace_ms") ms(opts.kernel.shutdown_grace);
         else if (key == "terminate_grace_ms") ms(opts.kernel.terminate_grace);
         else if (key == "heartbeat_interval_ms") ms(opts.kernel.heartbeat_interval);
+        else if (key == "iopub_batch_ms")
+          opts.kernel.iopub_batch = std::chrono::milliseconds(r.integer(node, full, 0, 1000));
         else if (key == "heartbeat_misses") opts.kernel.heartbeat_misses = int(r.integer(node, full, 1, 1000));
         else if (key == "launch_attempts") opts.kernel.launch_attempts = int(r.integer(node, full, 1, 100));
         else if (key == "orphan_timeout_seconds")

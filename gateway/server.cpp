@@ -383,6 +383,7 @@ void Server::reload() {
                     n.kernel.terminate_grace != opts_.kernel.terminate_grace ||
                     n.kernel.heartbeat_interval != opts_.kernel.heartbeat_interval ||
                     n.kernel.heartbeat_misses != opts_.kernel.heartbeat_misses ||
+                    n.kernel.iopub_batch != opts_.kernel.iopub_batch ||
                     n.kernel.launch_attempts != opts_.kernel.launch_attempts ||
                     n.kernel.max_pending != opts_.kernel.max_pending || n.kernel.max_held != opts_.kernel.max_held ||
                     n.kernel.max_message_bytes != opts_.kernel.max_message_bytes ||

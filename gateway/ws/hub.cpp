@@ -32,22 +32,26 @@ void Hub::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg
 void Hub::on_kernel_removed(const KernelPtr& kernel) { take({kernel, nullptr}); }
 
 void Hub::take(Inbound in) {
-  bool first;
+  std::lock_guard lk(inbox_mu_);
+  inbox_.push_back(std::move(in));
+}
+
+void Hub::on_pass_end() {
   {
     std::lock_guard lk(inbox_mu_);
-    first = inbox_.empty();
-    inbox_.push_back(std::move(in));
+    if (inbox_.empty() || drain_posted_) return;
+    drain_posted_ = true;
   }
-  if (first)
-    net::post(ioc_, [this, alive = alive_] {
-      if (*alive) drain();
-    });
+  net::post(ioc_, [this, alive = alive_] {
+    if (*alive) drain();
+  });
 }
 
 void Hub::drain() {
   {
     std::lock_guard lk(inbox_mu_);
     std::swap(inbox_, draining_);
+    drain_posted_ = false;
   }
   for (auto& in : draining_) {
     if (in.msg) route(in.kernel, in.msg);

@@ -68,6 +68,7 @@ class Hub final : public KernelObserver {
   // KernelObserver (called on the kernel I/O thread; posts to the Asio thread).
   void on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr& msg) override;
   void on_kernel_removed(const KernelPtr& kernel) override;
+  void on_pass_end() override;
 
   struct Attached {
     std::string route;           // the route the client's requests carry
@@ -115,9 +116,10 @@ class Hub final : public KernelObserver {
   };
 
   // What kgate-io hands over (a message, or with msg null the kernel's removal), in its order.
-  // One post per batch, not per message: the first entry into an empty inbox posts `drain`, and
-  // whatever kgate-io adds before that runs goes with it (a flood's messages share a wake of
-  // the Asio thread; a lone message is posted at once, as before).
+  // One post per batch, not per message: take() only adds to the inbox, and at the end of
+  // kgate-io's pass (on_pass_end) one `drain` is posted if none is pending, so a pass's
+  // messages (a held iopub's batch, DEV.md §3) share a wake of the Asio thread.  A lone
+  // message is posted at the end of the pass that read it, microseconds later.
   struct Inbound {
     KernelPtr kernel;
     KernelMessagePtr msg;
@@ -139,6 +141,7 @@ class Hub final : public KernelObserver {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::mutex inbox_mu_;
   std::vector<Inbound> inbox_;     // kgate-io adds, under inbox_mu_
+  bool drain_posted_ = false;      // under inbox_mu_: a drain is queued and has not swapped yet
   std::vector<Inbound> draining_;  // the Asio thread's, swapped with inbox_ by drain()
 };
 

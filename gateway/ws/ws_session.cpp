@@ -154,8 +154,18 @@ void WsSession::refill() {
   }
 }
 
+// One message per write, as Beast writes them; when more than one is queued (a batch from the
+// hub), the socket is corked until the queue is empty, so the batch leaves in full segments:
+// one packet and one wake of the client for many messages, instead of one each (DEV.md §3).
 void WsSession::do_write() {
-  if (queue_.empty() || closing_) return;
+  if (queue_.empty() || closing_) {
+    uncork();
+    return;
+  }
+  if (!corked_ && queue_.size() > 1) {
+    ws_->cork(true);
+    corked_ = true;
+  }
   writing_ = true;
   const WsGather& f = queue_.front()->frame(proto_);
   Websocket::Buffers pieces;
@@ -230,9 +240,16 @@ void WsSession::close(websocket::close_code code, const std::string& reason) {
     close_reason_ = reason.substr(0, 120);  // a close frame's reason is at most 123 bytes
   }
   if (writing_) return;  // on_write calls back here once the write in flight is done
+  uncork();
   close_sent_ = true;
   ws_->async_close(websocket::close_reason(close_code_, close_reason_),
                    [self = shared_from_this()](beast::error_code) { self->finish(); });
+}
+
+void WsSession::uncork() {
+  if (!corked_) return;
+  corked_ = false;
+  ws_->cork(false);
 }
 
 void WsSession::finish() {

@@ -55,6 +55,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   void refill();
   Unsent take_unsent();
   bool fits(const OutPtr& m) const;
+  void uncork();
 
   std::deque<OutPtr> queue_;  // front is being written while writing_
   std::size_t queued_bytes_ = 0;
@@ -64,6 +65,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   std::size_t spill_dropped_bytes_ = 0;
   bool warned_slow_ = false;
   bool writing_ = false;
+  bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)
   bool attached_ = false;  // owns its route in the hub (false once replaced)
   bool counted_ = false;   // the hub counts this connection: detach() exactly once
   bool closing_ = false;

@@ -5,6 +5,12 @@
 // Private to src/client.
 #pragma once
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <type_traits>
+
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 
@@ -42,6 +48,13 @@ class WebsocketOver final : public Websocket {
   void close_transport() override {
     beast::error_code ignored;
     beast::get_lowest_layer(ws_).socket().close(ignored);
+  }
+  void cork(bool on) override {
+    auto& sock = beast::get_lowest_layer(ws_).socket();
+    if constexpr (std::is_same_v<typename std::decay_t<decltype(sock)>::protocol_type, tcp>) {
+      int v = on ? 1 : 0;
+      if (sock.is_open()) ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_CORK, &v, sizeof v);
+    }
   }
   void async_open(tcp::resolver& resolver, const Endpoint& ep, std::string target, std::string subprotocol,
                   std::chrono::milliseconds timeout, OpenHandler done) override;

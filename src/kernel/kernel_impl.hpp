@@ -219,6 +219,13 @@ struct KernelIo {
   // (libzmq may then have taken in the signal of a message that arrived), one whose read stopped
   // at its bound with messages left, and every socket after connect().
   std::uint8_t recheck = 0xff;
+  // iopub batching (read_iopub, DEV.md §3): a kernel streaming output has its iopub read once
+  // per KernelOptions::iopub_batch instead of once per message.  iopub_run counts the small
+  // messages of the current stream (count_stream); from kStreamRun on, iopub's ZMQ_FD stays out
+  // of the poll until iopub_held_until.
+  Clock::time_point iopub_last{}, iopub_held_until{};
+  std::size_t iopub_run = 0;
+  bool iopub_held() const { return iopub_held_until != Clock::time_point{}; }
   static constexpr std::uint8_t kHbBit = 1 << 4, kStdinMonitorBit = 1 << 7;
   static std::uint8_t bit(Channel ch) {
     switch (ch) {
@@ -338,7 +345,10 @@ struct KernelManager::Impl {
 
   void run();
   void poll_once();
-  void on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
+  // Reads what `sock` has, up to its per-pass bound: the number of messages read.
+  std::size_t on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
+  void read_iopub(KernelIo& k);
+  void count_stream(KernelIo& k, const KernelMessage& m, Clock::time_point now);
   void on_hb(KernelIo& k);
   void on_exit(KernelIo& k);
   // The kernel died on its own (`how`: "exited with code 1", ...): dead, with what was pending failed.

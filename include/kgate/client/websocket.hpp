@@ -93,6 +93,12 @@ class Websocket {
   virtual void expires_never() = 0;
   // Closes the socket at once: pending operations end with operation_aborted.
   virtual void close_transport() = 0;
+  // TCP_CORK on the transport's socket (a no-op on a Unix socket): while on, the messages
+  // written leave as full segments, and whatever is left goes when it is turned off.  So a
+  // batch of small messages costs the loopback one packet, and the reader one wake, not one
+  // each.  Whoever turns it on must turn it off when its batch is written (Linux sends a
+  // corked remainder after 200 ms anyway).
+  virtual void cork(bool on) = 0;
 
   // Client side: resolves and connects to `ep` (TLS handshake with the peer checked, or the Unix
   // socket), deadline `timeout` per step, then the websocket handshake for `target` with kgate's

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+struct evp_mac_ctx_st;  // OpenSSL's EVP_MAC_CTX
+
 namespace kgate {
 
 using json = nlohmann::json;
@@ -64,6 +66,10 @@ class Signer {
   std::string key_;
   std::string digest_;  // OpenSSL digest name, e.g. "SHA256"
   std::size_t hex_len_ = 0;
+  // An HMAC context with the key and digest set, which sign() copies: the key's pads and the
+  // digest's lookup are done once, not per message (null when signing is off).  Only read
+  // after construction, so several threads may sign with one Signer.
+  ::evp_mac_ctx_st* keyed_ = nullptr;
 };
 
 // Spare capacity decode() leaves after a message's content, so a JSON parser that reads past

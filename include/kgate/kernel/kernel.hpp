@@ -51,6 +51,9 @@ class KernelObserver {
   // kgate's kernel side announced something on iopub (a kgate_event, docs/dev/kernel-side.md): its content.
   // Such messages go to observers only through here, never to clients.
   virtual void on_kernel_side_event(const KernelPtr&, const json& /*content*/) {}
+  // The kernel I/O thread finished a pass of its loop: what it handed over since the last call
+  // (messages, removals) is a batch an observer that hands it on may now send as one.
+  virtual void on_pass_end() {}
 };
 
 struct KernelModel {
@@ -171,6 +174,11 @@ struct KernelOptions {
   std::chrono::milliseconds terminate_grace{2500};     // SIGTERM -> SIGKILL
   std::chrono::milliseconds heartbeat_interval{1000};  // hb ping period
   int heartbeat_misses = 3;                             // missed pings -> "unresponsive" log
+  // A kernel streaming output (16 small iopub messages in a row, each within 2 ms of the one
+  // before, no status between) has its iopub read once per this long instead of once per
+  // message, until a status, a large message or a read that finds nothing; a lone message is
+  // read at once.  0 = every message at once.  (io_loop.cpp read_iopub, docs/dev/limits.md)
+  std::chrono::milliseconds iopub_batch{10};
   int launch_attempts = 3;              // relaunches on fresh ports after an early exit
   std::size_t max_pending = 10000;      // requests awaiting a reply, per kernel
   std::size_t max_held = 1000;          // client messages held while starting/restarting

@@ -61,6 +61,7 @@ void expect_same_options(const GatewayOptions& a, const GatewayOptions& b) {
   KGATE_SAME_COUNT(kernel.terminate_grace);
   KGATE_SAME_COUNT(kernel.heartbeat_interval);
   KGATE_SAME(kernel.heartbeat_misses);
+  KGATE_SAME_COUNT(kernel.iopub_batch);
   KGATE_SAME(kernel.launch_attempts);
   KGATE_SAME(kernel.max_pending);
   KGATE_SAME(kernel.max_held);
@@ -116,6 +117,7 @@ GatewayOptions poisoned_options() {
   o.kernel.terminate_grace = std::chrono::milliseconds(1);
   o.kernel.heartbeat_interval = std::chrono::milliseconds(1);
   o.kernel.heartbeat_misses = 1;
+  o.kernel.iopub_batch = std::chrono::milliseconds(1);
   o.kernel.launch_attempts = 1;
   o.kernel.max_pending = 1;
   o.kernel.max_held = 1;
@@ -228,6 +230,7 @@ max_kernel_message_bytes = 4096
 ready_timeout_ms = 0
 heartbeat_misses = 7
 launch_attempts = 1
+iopub_batch_ms = 0
 )");
   ASSERT_EQ(r.error, "");
   EXPECT_EQ(r.opts.ip, "0.0.0.0");
@@ -246,6 +249,7 @@ launch_attempts = 1
   EXPECT_EQ(r.opts.kernel.max_message_bytes, 4096u);
   EXPECT_EQ(r.opts.kernel.ready_timeout.count(), 0);
   EXPECT_EQ(r.opts.kernel.heartbeat_misses, 7);
+  EXPECT_EQ(r.opts.kernel.iopub_batch.count(), 0);
   EXPECT_EQ(r.opts.kernel.launch_attempts, 1);
 }
 
@@ -334,6 +338,7 @@ TEST(ConfigErrors, OutOfRange) {
   expect_config_error("[limits]\nreplay_ttl_seconds = -5\n", "limits.replay_ttl_seconds");
   expect_config_error("[kernel]\nheartbeat_misses = 0\n", "kernel.heartbeat_misses");
   expect_config_error("[kernel]\nlaunch_attempts = 101\n", "kernel.launch_attempts");
+  expect_config_error("[kernel]\niopub_batch_ms = 1001\n", "kernel.iopub_batch_ms");
   expect_config_error("[kernel]\nshutdown_grace_ms = -1\n", "kernel.shutdown_grace_ms");
 }
 

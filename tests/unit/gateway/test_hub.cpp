@@ -40,7 +40,8 @@ class HubTest : public ::testing::Test {
         json{{"name", "stdout"}, {"text", text}}));
     m->route = route;
     hub.on_kernel_message(kernel, m);
-    ioc.poll();  // on_kernel_message posts onto the Asio thread, as from the kernel's I/O thread
+    hub.on_pass_end();  // posts the inbox onto the Asio thread, as the kernel's I/O thread does
+    ioc.poll();
     ioc.restart();
   }
   static std::string text_of(const OutPtr& m) { return json::parse(m->msg().wire.content).value("text", ""); }
@@ -168,6 +169,7 @@ TEST_F(HubTest, AKernelThatGoesAwayClosesItsClientsAndForgetsItsReplays) {
   hub.detach(kernel, gone.get(), "g", {});
   from_kernel("kept for g");
   hub.on_kernel_removed(kernel);
+  hub.on_pass_end();
   ioc.poll();
   ioc.restart();
   ASSERT_EQ(a->gone.size(), 1u);
@@ -183,6 +185,7 @@ TEST_F(HubTest, NothingPostedAfterTheHubIsGoneRuns) {
   h->attach(kernel, a, "s");
   h->on_kernel_message(kernel, std::make_shared<KernelMessage>(synthesize_message(
                                    Channel::iopub, "stream", "kernel", "{}", json{{"text", "late"}})));
+  h->on_pass_end();
   h.reset();  // kgate stopping: the kernel thread's last post is still queued
   io->poll();
   EXPECT_TRUE(a->got.empty());

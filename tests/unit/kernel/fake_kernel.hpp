@@ -2,7 +2,8 @@
 // that lets KernelManager be tested without Python (as xeus tests its kernels against a mock
 // server).  It waits for the connection file kgate writes, binds its five ports on 127.0.0.1,
 // and answers as a kernel would: kernel_info and execute with busy/idle on iopub, an execute's
-// code echoed as a stream, heartbeat echoes.  The process kgate launches for it is a plain
+// code echoed as a stream (or, for the code "stream N", N outputs in quick succession),
+// heartbeat echoes.  The process kgate launches for it is a plain
 // `sleep`, so the kernel's life (exit, signals) is still a real process's.
 #pragma once
 
@@ -111,8 +112,16 @@ class FakeKernel {
                {{"status", "ok"}, {"protocol_version", "5.3"}, {"implementation", "fake"},
                 {"implementation_version", "0"}, {"banner", ""}, {"language_info", {{"name", "python"}}}});
         } else if (type == "execute_request") {
-          send(iopub, {"execute_input"}, m, "execute_input", {{"code", content.value("code", "")}, {"execution_count", ++count}});
-          send(iopub, {"stream"}, m, "stream", {{"name", "stdout"}, {"text", content.value("code", "")}});
+          const std::string code = content.value("code", "");
+          send(iopub, {"execute_input"}, m, "execute_input", {{"code", code}, {"execution_count", ++count}});
+          if (code.rfind("stream ", 0) == 0) {  // "stream N": N small outputs "0\n".."N-1\n", 100 us apart
+            for (int n = std::stoi(code.substr(7)), j = 0; j < n; ++j) {
+              send(iopub, {"stream"}, m, "stream", {{"name", "stdout"}, {"text", std::to_string(j) + "\n"}});
+              std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+          } else {
+            send(iopub, {"stream"}, m, "stream", {{"name", "stdout"}, {"text", code}});
+          }
           send(s, m.identities, m, "execute_reply", {{"status", "ok"}, {"execution_count", count}});
         } else if (type.size() > 8 && type.compare(type.size() - 8, 8, "_request") == 0) {
           send(s, m.identities, m, type.substr(0, type.size() - 8) + "_reply", {{"status", "ok"}});

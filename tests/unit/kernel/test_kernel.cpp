@@ -32,9 +32,17 @@ struct Recorder final : KernelObserver {
   std::vector<KernelMessagePtr> msgs;
   std::vector<KernelLifecycle> lifecycle;
   int removed = 0;
+  std::size_t passes_with_messages = 0;  // kgate-io's passes that handed on at least one message
+  std::size_t seen_at_last_pass = 0;
 
   void on_kernel_message(const KernelPtr&, const KernelMessagePtr& m) override { add([&] { msgs.push_back(m); }); }
   void on_kernel_removed(const KernelPtr&) override { add([&] { ++removed; }); }
+  void on_pass_end() override {
+    add([&] {
+      if (msgs.size() > seen_at_last_pass) ++passes_with_messages;
+      seen_at_last_pass = msgs.size();
+    });
+  }
   void on_kernel_lifecycle(const KernelPtr&, KernelLifecycle l, const std::string&) override {
     add([&] { lifecycle.push_back(l); });
   }
@@ -75,7 +83,9 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds wit
 
 class KernelRuntime : public ::testing::Test {
  protected:
-  KernelRuntime() {
+  KernelRuntime() { make_manager([](KernelOptions&) {}); }
+  void make_manager(const std::function<void(KernelOptions&)>& adjust) {
+    mgr.reset();
     KernelOptions o;
     o.ready_timeout = 15s;
     o.shutdown_grace = 200ms;
@@ -83,6 +93,7 @@ class KernelRuntime : public ::testing::Test {
     o.heartbeat_interval = 100ms;
     o.heartbeat_misses = 3;
     o.launch_attempts = 1;
+    adjust(o);
     mgr = std::make_unique<KernelManager>(o, dir.path(), std::vector<KernelObserver*>{&rec});
   }
   ~KernelRuntime() override { mgr.reset(); }  // stops the kernel before the fake's sockets close
@@ -204,6 +215,54 @@ TEST_F(KernelRuntime, ASilentHeartbeatMakesItUnresponsiveAndAnEchoResponsiveAgai
   EXPECT_NE(k->execution_state(), "dead");  // a silent kernel is not a dead one: its process lives
   fake->answer_heartbeat = true;
   EXPECT_TRUE(eventually([&] { return k->model().responsive; }, 5s));
+}
+
+// A kernel streaming small outputs has its iopub read in batches (io_loop.cpp read_iopub), and
+// batching loses, reorders and delays nothing it must not.  The batch window is 1.5 s here, so
+// a message held by mistake would show as a delay of more than a second.
+TEST_F(KernelRuntime, AStreamOfSmallOutputsGoesOnInBatchesInOrderAndAheadOfItsReply) {
+  make_manager([](KernelOptions& o) { o.iopub_batch = 1500ms; });
+  KernelPtr k = start();
+  ASSERT_TRUE(k);
+  const std::size_t passes_before = [&] {
+    std::lock_guard<std::mutex> l(rec.mu);
+    return rec.passes_with_messages;
+  }();
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string id = execute(k, "stream 200", "route-a");
+  auto replies = rec.wait_for([&](const KernelMessage& m) { return m.msg_type == "execute_reply" && m.parent_msg_id == id; });
+  ASSERT_EQ(replies.size(), 1u);
+  // The reply flushed what was held: it did not wait out the window.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);
+  {
+    std::lock_guard<std::mutex> l(rec.mu);
+    std::vector<std::string> texts;
+    std::size_t reply_at = 0;
+    for (std::size_t i = 0; i < rec.msgs.size(); ++i) {
+      const KernelMessage& m = *rec.msgs[i];
+      if (m.parent_msg_id != id) continue;
+      if (m.msg_type == "stream") texts.push_back(json::parse(m.wire.content).value("text", ""));
+      if (m.msg_type == "execute_reply") reply_at = texts.size();
+    }
+    ASSERT_EQ(texts.size(), 200u);  // every output, each once, in the kernel's order
+    for (int j = 0; j < 200; ++j) EXPECT_EQ(texts[j], std::to_string(j) + "\n");
+    EXPECT_EQ(reply_at, 200u);  // and all of them ahead of the reply
+    // Batched: 200 outputs were handed on in far fewer passes than one each.
+    EXPECT_LT(rec.passes_with_messages - passes_before, 100u);
+  }
+  // The reply ended the stream: the idle after it, and a lone request's output, are not held.
+  auto idle = rec.wait_for([&](const KernelMessage& m) {
+    return m.msg_type == "status" && m.parent_msg_id == id &&
+           json::parse(m.wire.content).value("execution_state", "") == "idle";
+  }, 1, 1000ms);
+  EXPECT_EQ(idle.size(), 1u);
+  t0 = std::chrono::steady_clock::now();
+  const std::string lone = execute(k, "x", "route-a");
+  auto out = rec.wait_for([&](const KernelMessage& m) {
+    return m.parent_msg_id == lone && m.msg_type == "status" && json::parse(m.wire.content).value("execution_state", "") == "idle";
+  }, 1, 1000ms);
+  EXPECT_EQ(out.size(), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms);
 }
 
 TEST_F(KernelRuntime, AShutdownAsksTheKernelThenRemovesIt) {
