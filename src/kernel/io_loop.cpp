@@ -155,7 +155,8 @@ std::size_t KernelManager::Impl::on_readable(KernelIo& k, zmq::socket_t& sock, C
 // thread): ~75 us of kgate's CPU per small message on the 2-core VM, most of it the wakes.  So
 // a kernel that streams output has iopub's ZMQ_FD left out of the poll for opts.iopub_batch
 // after each read: what arrives meanwhile waits in libzmq's pipe (which then does not signal us
-// per message) and is read, and handed on, as one batch (~28 us per message at 10 ms).
+// per message) and is read, and handed on, as one batch (29-41 us per message at 10 ms, most
+// of it libzmq's I/O thread, which still wakes per message; bench/README).
 //
 // Streaming is kStreamRun small messages in a row (content up to kSmallContent bytes), each
 // read within kStreamGap of the one before, with no status between: a loop printing lines.  A
