@@ -68,12 +68,22 @@ def start_kernels(server, n):
     # Each one answers a cell (`pass`, over its channels, to its reply and idle): jupyter_server
     # says "starting" until a kernel's first request, and a POST to it answers before the kernel
     # is up.
+    # jupyter_server, busy starting 60 kernels on 2 cores, has reset a channels connection now
+    # and then (ConnectionResetError): such a kernel is tried again, up to 3 times in all.
     for kid in ids:
-        ws = bench.open_channels(server, kid, timeout=bench.budget(120))
-        try:
-            bench.ws_run(ws, "pass", "%s kernel %s" % (server.label, kid))
-        finally:
-            ws.close()
+        for attempt in range(3):
+            try:
+                ws = bench.open_channels(server, kid, timeout=bench.budget(120))
+                try:
+                    bench.ws_run(ws, "pass", "%s kernel %s" % (server.label, kid))
+                finally:
+                    ws.close()
+                break
+            except ConnectionError as e:
+                if attempt == 2:
+                    raise
+                log("%s: kernel %s: %s; trying again" % (server.label, kid, e))
+                time.sleep(1)
     return ids
 
 
