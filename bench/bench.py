@@ -9,7 +9,9 @@ Environment:
   BENCH_MB       flood size, megabytes  (default 20)
   BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, median reported (default 3)
   BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
-  BENCH_REPS     latency repetitions, interleaved direct/peer/kgate (default 2)
+  BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by a paired
+                 run per gateway: its round trips alternate with a direct ZMQ client's on the
+                 gateway's own kernel (default 2)
   BENCH_COLD     kgate cold starts, median reported (default 5)
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
   BENCH_BUDGET   total time budget, seconds (default 600)
@@ -493,8 +495,9 @@ def main():
                   "client": os.path.relpath(CLIENT, _REPO), "versions": versions(),
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
-         "direct": {"latency": [], "flood_rounds": []}, "peer": {"latency": [], "cold_start_ms": [], "flood_rounds": []},
-         "kgate": {"latency": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
+         "direct": {"latency": [], "flood_rounds": []},
+         "peer": {"latency": [], "paired": [], "cold_start_ms": [], "flood_rounds": []},
+         "kgate": {"latency": [], "paired": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
     live = []          # servers to stop in the end
     interrupted = False
 
@@ -573,6 +576,19 @@ def main():
                 r = step("kgate latency", run_client, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
                 if r:
                     R["kgate"]["latency"].append(r)
+            # the same round trips on the gateway's own kernel, alternating with a direct ZMQ
+            # client of that kernel: the gateway's cost without two kernel processes' difference
+            if peer:
+                log("paired rep %d/%d: jupyter_server and direct ZMQ on its kernel" % (rep + 1, REPS))
+                r = step("peer paired", run_client, bench_env, tmp,
+                         ["paired", peer.url, peer.token, N, "--runtime-dir", peer.env["JUPYTER_RUNTIME_DIR"]], 180, peer)
+                if r:
+                    R["peer"]["paired"].append(r)
+            if kg:
+                log("paired rep %d/%d: kgate and direct ZMQ on its kernel" % (rep + 1, REPS))
+                r = step("kgate paired", run_client, bench_env, tmp, ["paired", kg.url, kg.token, N], 180, kg)
+                if r:
+                    R["kgate"]["paired"].append(r)
 
         # 4. floods
         log("flood %d MB: direct" % MB)
@@ -705,6 +721,12 @@ def _mid(runs, key):
     return round(statistics.median(vals)) if vals else None
 
 
+def _ratio(runs):
+    """Median across repetitions of a paired run's gateway/direct ratio."""
+    vals = [r["ratio"] for r in runs if r and "ratio" in r]
+    return round(statistics.median(vals), 3) if vals else None
+
+
 def summarize(R):
     d, p, k = R["direct"], R["peer"], R["kgate"]
     df, pd, pu, kf = (d.get("flood") or {}), (p.get("flood_default") or {}), (p.get("flood_unlimited") or {}), (k.get("flood") or {})
@@ -726,6 +748,9 @@ def summarize(R):
     rows = [  # (metric, format, direct, peer, kgate)
         ("execute round trip, median (µs)", "int", _mid(d["latency"], "median_us"), _mid(p["latency"], "median_us"), _mid(k["latency"], "median_us")),
         ("execute round trip, p90 (µs)", "int", _mid(d["latency"], "p90_us"), _mid(p["latency"], "p90_us"), _mid(k["latency"], "p90_us")),
+        ("execute round trip, paired with direct ZMQ on the gateway's kernel, median (µs)", "int",
+         _mid(k["paired"], "direct_median_us"), _mid(p["paired"], "gateway_median_us"), _mid(k["paired"], "gateway_median_us")),
+        ("the same, gateway / direct ZMQ on one kernel (×)", "3", None, _ratio(p["paired"]), _ratio(k["paired"])),
         ("gateway CPU over one latency run (ms)", "int", None, cpu_lat(p["latency"]), cpu_lat(k["latency"])),
         ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),
@@ -764,6 +789,8 @@ def _fmt(v, fmt):
         return "%.3f" % v
     if fmt == "1":
         return "%.1f" % v
+    if fmt == "3":
+        return "%.3f" % v
     return "{:,}".format(int(round(v)))
 
 

@@ -54,6 +54,10 @@ def test_bench_runs_from_a_clone_in_another_folder(kgate_bin, tmp_path):
     for metric in ("execute round trip, median (µs)", "execute round trip, p90 (µs)"):
         direct, peer, kgate = _row(out, metric)[1:4]
         assert all(number.match(v) for v in (direct, peer, kgate)), (metric, report)
+    paired = _row(out, "execute round trip, paired with direct ZMQ on the gateway's kernel, median (µs)")[1:4]
+    assert all(number.match(v) for v in paired), report
+    ratios = _row(out, "the same, gateway / direct ZMQ on one kernel (×)")[2:4]
+    assert all(number.match(v) and float(v) > 0 for v in ratios), report
     received = _row(out, "1 MB flood, bytes received (peer: unlimited)")[1:4]
     assert received == ["1,048,576"] * 3, report
     fast = _row(out, "1 MB flood, bytes, client UTF-8 check off, fewest of the rounds (peer: unlimited)")[1:4]
