@@ -9,9 +9,9 @@ Environment:
   BENCH_MB       flood size, megabytes  (default 20)
   BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, median reported (default 3)
   BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
-  BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by a paired
-                 run per gateway: its round trips alternate with a direct ZMQ client's on the
-                 gateway's own kernel (default 2)
+  BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by one
+                 `wsclient.py interleaved` run per gateway (default 2)
+  BENCH_PAIRS    kernel pairs in each interleaved run (default 4)
   BENCH_COLD     kgate cold starts, median reported (default 5)
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
   BENCH_BUDGET   total time budget, seconds (default 600)
@@ -54,6 +54,7 @@ MB = int(os.environ.get("BENCH_MB", "20"))
 # the budget, not all of it.
 FLOOD_WANT = min(150, 30 + 6 * MB)
 REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
+PAIRS = max(1, min(N, int(os.environ.get("BENCH_PAIRS", "4"))))
 COLD = max(1, int(os.environ.get("BENCH_COLD", "5")))
 PEER_COLD = max(2, int(os.environ.get("BENCH_PEER_COLD", "3")))
 ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
@@ -490,14 +491,14 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kgate-bench-")
     bench_env = private_env(os.path.join(tmp, "client"))
     R = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
-                  "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS, "rounds": ROUNDS, "prints": PRINTS,
+                  "cpus": os.cpu_count(), "kernel": platform.release(), "N": N, "MB": MB, "reps": REPS, "pairs": PAIRS, "rounds": ROUNDS, "prints": PRINTS,
                   "kgate_cold_starts": COLD, "peer_cold_starts": PEER_COLD, "kgate_bin": KGATE_BIN,
                   "client": os.path.relpath(CLIENT, _REPO), "versions": versions(),
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
          "direct": {"latency": [], "flood_rounds": []},
-         "peer": {"latency": [], "paired": [], "cold_start_ms": [], "flood_rounds": []},
-         "kgate": {"latency": [], "paired": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
+         "peer": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []},
+         "kgate": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
     live = []          # servers to stop in the end
     interrupted = False
 
@@ -576,19 +577,15 @@ def main():
                 r = step("kgate latency", run_client, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
                 if r:
                     R["kgate"]["latency"].append(r)
-            # the same round trips on the gateway's own kernel, alternating with a direct ZMQ
-            # client of that kernel: the gateway's cost without two kernel processes' difference
-            if peer:
-                log("paired rep %d/%d: jupyter_server and direct ZMQ on its kernel" % (rep + 1, REPS))
-                r = step("peer paired", run_client, bench_env, tmp,
-                         ["paired", peer.url, peer.token, N, "--runtime-dir", peer.env["JUPYTER_RUNTIME_DIR"]], 180, peer)
-                if r:
-                    R["peer"]["paired"].append(r)
-            if kg:
-                log("paired rep %d/%d: kgate and direct ZMQ on its kernel" % (rep + 1, REPS))
-                r = step("kgate paired", run_client, bench_env, tmp, ["paired", kg.url, kg.token, N], 180, kg)
-                if r:
-                    R["kgate"]["paired"].append(r)
+            # the same round trips, request by request in turn with a direct client of a kernel of
+            # its own, over BENCH_PAIRS pairs of kernels: no drift between the two sides
+            for name, srv in (("jupyter_server", peer), ("kgate", kg)):
+                if srv:
+                    log("interleaved rep %d/%d: %s and direct ZMQ, %d pairs of kernels" % (rep + 1, REPS, name, PAIRS))
+                    r = step("%s interleaved" % ("peer" if srv is peer else "kgate"), run_client, bench_env, tmp,
+                             ["interleaved", srv.url, srv.token, N, "--pairs", PAIRS], 240, srv)
+                    if r:
+                        R["peer" if srv is peer else "kgate"]["interleaved"].append(r)
 
         # 4. floods
         log("flood %d MB: direct" % MB)
@@ -722,7 +719,7 @@ def _mid(runs, key):
 
 
 def _ratio(runs):
-    """Median across repetitions of a paired run's gateway/direct ratio."""
+    """Median across repetitions of an interleaved run's gateway/direct ratio."""
     vals = [r["ratio"] for r in runs if r and "ratio" in r]
     return round(statistics.median(vals), 3) if vals else None
 
@@ -748,9 +745,9 @@ def summarize(R):
     rows = [  # (metric, format, direct, peer, kgate)
         ("execute round trip, median (µs)", "int", _mid(d["latency"], "median_us"), _mid(p["latency"], "median_us"), _mid(k["latency"], "median_us")),
         ("execute round trip, p90 (µs)", "int", _mid(d["latency"], "p90_us"), _mid(p["latency"], "p90_us"), _mid(k["latency"], "p90_us")),
-        ("execute round trip, paired with direct ZMQ on the gateway's kernel, median (µs)", "int",
-         _mid(k["paired"], "direct_median_us"), _mid(p["paired"], "gateway_median_us"), _mid(k["paired"], "gateway_median_us")),
-        ("the same, gateway / direct ZMQ on one kernel (×)", "3", None, _ratio(p["paired"]), _ratio(k["paired"])),
+        ("execute round trip, interleaved with direct ZMQ, median (µs)", "int",
+         _mid(k["interleaved"], "direct_median_us"), _mid(p["interleaved"], "gateway_median_us"), _mid(k["interleaved"], "gateway_median_us")),
+        ("the same, gateway / direct ZMQ in one interleaved run (×)", "3", None, _ratio(p["interleaved"]), _ratio(k["interleaved"])),
         ("gateway CPU over one latency run (ms)", "int", None, cpu_lat(p["latency"]), cpu_lat(k["latency"])),
         ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),

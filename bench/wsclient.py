@@ -9,7 +9,7 @@ usage: wsclient.py direct N [--store-history]
        wsclient.py gateway URL TOKEN N [--kernel NAME] [--store-history]
        wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check]
        wsclient.py prints URL TOKEN COUNT [--kernel NAME] [--no-utf8-check]
-       wsclient.py paired URL TOKEN N [--kernel NAME] [--runtime-dir DIR]
+       wsclient.py interleaved URL TOKEN N [--kernel NAME] [--pairs K]
 
 direct, direct-flood, direct-prints
                       start a python3 kernel with jupyter_client's KernelManager and talk to its
@@ -17,12 +17,11 @@ direct, direct-flood, direct-prints
 gateway, flood, prints
                       POST URL/api/kernels, open URL/api/kernels/{id}/channels with the token in
                       an Authorization header (TCP_NODELAY on), DELETE the kernel at the end.
-paired                the gateway's kernel is also reached straight over ZMQ, from its
-                      connection file (kgate: GET URL/api/kgate/kernels/{id}; jupyter_server:
-                      DIR/kernel-{id}.json, DIR its JUPYTER_RUNTIME_DIR), and the N round trips
-                      alternate between the two clients, the first of each pair taking turns.
-                      Both go to one kernel process, so the difference is the gateway's alone:
-                      two kernels of one machine differ by more than 5 % between them.
+interleaved           K pairs of kernels (default 4), one after the other: one through the
+                      gateway (as `gateway`), one of its own (as `direct`). N/K round trips on
+                      each pair, alternating request by request, the first of each two taking
+                      turns. So drift hits both alike, and K kernel processes on each side even
+                      out what one kernel process differs from another.
 
 A round trip is one execute_request for `1+1`, from sending it until both its execute_reply and
 the iopub `status: idle` that it caused have arrived. Once the kernel answers kernel_info, 20
@@ -37,8 +36,9 @@ Every execute_request asks for store_history=False unless --store-history is giv
 --no-utf8-check turns off websocket-client's pure-Python UTF-8 check of text frames, which
 otherwise costs the client more than the gateway costs (see bench/README.md).
 
-Prints one JSON line: paired {"mode", "n", "warmup", "direct_median_us", "direct_p90_us",
-"gateway_median_us", "gateway_p90_us", "ratio"} (gateway median / direct median); latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
+Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_median_us",
+"direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
+over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
 "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
 "seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes", "received_bytes",
 "seconds", "messages_per_s"}. Exit status 0, or 1 with the reason on stderr.
@@ -46,7 +46,6 @@ Prints one JSON line: paired {"mode", "n", "warmup", "direct_median_us", "direct
 import argparse
 import datetime
 import json
-import os
 import select
 import socket
 import statistics
@@ -283,37 +282,45 @@ def measure_latency(kernel, n, mode):
             "p99_us": round(nearest_rank(us, 0.99)), "min_us": round(us[0]), "max_us": round(us[-1])}
 
 
-def measure_paired(gateway, direct, n):
-    """n round trips on each client, alternating, on one kernel: both clients see every output
-    of the other's cells (each is subscribed to all of iopub) and skip it."""
-    for _ in range(WARMUP):
-        gateway.execute("1+1")
-        direct.execute("1+1")
+def measure_interleaved(open_gateway, n, pairs):
+    """n round trips on each side, over `pairs` fresh pairs of kernels (gateway, direct), the two
+    sides alternating request by request. Each pair's kernels are closed before the next starts."""
     times = {"gateway": [], "direct": []}
-    for i in range(n):
-        for name, kernel in ((("direct", direct), ("gateway", gateway)) if i % 2 == 0
-                             else (("gateway", gateway), ("direct", direct))):
-            t0 = time.perf_counter()
-            kernel.execute("1+1")
-            times[name].append((time.perf_counter() - t0) * 1e6)
-    out = {"mode": "paired", "n": n, "warmup": WARMUP}
+    ratios = []
+    per_pair = [n // pairs + (1 if i < n % pairs else 0) for i in range(pairs)]
+    for count in per_pair:
+        gateway = open_gateway()
+        try:
+            direct = DirectKernel(False)
+            try:
+                gateway.wait_ready()
+                direct.wait_ready()
+                for _ in range(WARMUP):
+                    gateway.execute("1+1")
+                    direct.execute("1+1")
+                these = {"gateway": [], "direct": []}
+                for i in range(count):
+                    for name, kernel in ((("direct", direct), ("gateway", gateway)) if i % 2 == 0
+                                         else (("gateway", gateway), ("direct", direct))):
+                        t0 = time.perf_counter()
+                        kernel.execute("1+1")
+                        these[name].append((time.perf_counter() - t0) * 1e6)
+            finally:
+                direct.close()
+        finally:
+            gateway.close()
+        if count:
+            ratios.append(round(statistics.median(these["gateway"]) / statistics.median(these["direct"]), 3))
+        for name in times:
+            times[name] += these[name]
+    out = {"mode": "interleaved", "n": n, "pairs": pairs, "warmup": WARMUP}
     for name in ("direct", "gateway"):
         us = sorted(times[name])
         out[name + "_median_us"] = round(statistics.median(us))
         out[name + "_p90_us"] = round(nearest_rank(us, 0.90))
     out["ratio"] = round(statistics.median(times["gateway"]) / statistics.median(times["direct"]), 3)
+    out["pair_ratios"] = ratios
     return out
-
-
-def connection_file_of(gateway, runtime_dir):
-    """The connection file of the gateway's kernel: in runtime_dir when given (jupyter_server
-    writes kernel-{id}.json there), else from kgate's GET /api/kgate/kernels/{id}."""
-    if runtime_dir:
-        path = os.path.join(runtime_dir, "kernel-%s.json" % gateway.kernel_id)
-        if not os.path.isfile(path):
-            raise FileNotFoundError("no connection file %s for the gateway's kernel" % path)
-        return path
-    return gateway.rest("GET", "/api/kgate/kernels/" + gateway.kernel_id)["connection_file"]
 
 
 def measure_flood(kernel, megabytes, mode):
@@ -344,7 +351,7 @@ def parse_args(argv):
     d.add_argument("megabytes", type=int)
     d = sub.add_parser("direct-prints", help="COUNT small prints over raw ZMQ")
     d.add_argument("count", type=int)
-    for name, what in (("gateway", "n"), ("flood", "megabytes"), ("prints", "count"), ("paired", "n")):
+    for name, what in (("gateway", "n"), ("flood", "megabytes"), ("prints", "count"), ("interleaved", "n")):
         g = sub.add_parser(name, help="through a gateway's websocket")
         g.add_argument("url")
         g.add_argument("token")
@@ -352,8 +359,8 @@ def parse_args(argv):
         g.add_argument("--kernel", default="python3")
         if name == "gateway":
             g.add_argument("--store-history", action="store_true")
-        elif name == "paired":
-            g.add_argument("--runtime-dir", help="the gateway's JUPYTER_RUNTIME_DIR (jupyter_server)")
+        elif name == "interleaved":
+            g.add_argument("--pairs", type=int, default=4, help="pairs of kernels (default 4)")
         else:
             g.add_argument("--no-utf8-check", action="store_true")
     return p.parse_args(argv)
@@ -361,6 +368,12 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
+    if a.mode == "interleaved":
+        if a.n < 1 or not 1 <= a.pairs <= a.n:
+            raise ValueError("interleaved needs N >= 1 and 1 <= --pairs <= N")
+        result = measure_interleaved(lambda: GatewayKernel(a.url, a.token, a.kernel, False), a.n, a.pairs)
+        print(json.dumps(result), flush=True)
+        return 0
     if a.mode in ("direct", "direct-flood", "direct-prints"):
         kernel = DirectKernel(getattr(a, "store_history", False))
     else:
@@ -368,14 +381,7 @@ def main(argv):
                                utf8_check=not getattr(a, "no_utf8_check", False))
     try:
         kernel.wait_ready()
-        if a.mode == "paired":
-            direct = DirectKernel(False, connection_file=connection_file_of(kernel, a.runtime_dir))
-            try:
-                direct.wait_ready()
-                result = measure_paired(kernel, direct, a.n)
-            finally:
-                direct.close()
-        elif a.mode in ("direct", "gateway"):
+        if a.mode in ("direct", "gateway"):
             result = measure_latency(kernel, a.n, a.mode)
         elif a.mode in ("direct-prints", "prints"):
             result = measure_prints(kernel, a.count, a.mode)
@@ -385,7 +391,6 @@ def main(argv):
         kernel.close()
     print(json.dumps(result), flush=True)
     return 0
-
 
 if __name__ == "__main__":
     try:
