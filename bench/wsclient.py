@@ -41,7 +41,7 @@ Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_media
 over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
 "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
 "seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes", "received_bytes",
-"seconds", "messages_per_s"}. Exit status 0, or 1 with the reason on stderr.
+"received_messages", "seconds", "messages_per_s"}. Exit status 0, or 1 with the reason on stderr.
 """
 import argparse
 import datetime
@@ -92,6 +92,7 @@ class Round:
         self.replied = self.idle = self.idle_lost = False
         self.replied_at = None
         self.stdout_chars = 0
+        self.stdout_messages = 0
 
     def feed(self, msg_type, parent_id, content):
         if parent_id != self.msg_id:
@@ -103,6 +104,7 @@ class Round:
             self.idle = True
         elif msg_type == "stream" and content.get("name") == "stdout":
             self.stdout_chars += len(content.get("text", ""))
+            self.stdout_messages += 1
 
     @property
     def done(self):
@@ -338,7 +340,7 @@ def measure_prints(kernel, count, mode):
     r = kernel.execute(prints_code(count), CELL_TIMEOUT)
     seconds = time.perf_counter() - t0
     return {"mode": mode, "count": count, "printed_bytes": prints_bytes(count), "received_bytes": r.stdout_chars,
-            "seconds": round(seconds, 3), "messages_per_s": round(count / seconds), "idle_lost": r.idle_lost}
+            "received_messages": r.stdout_messages, "seconds": round(seconds, 3), "messages_per_s": round(count / seconds), "idle_lost": r.idle_lost}
 
 
 def parse_args(argv):
