@@ -436,8 +436,24 @@ def run_client(env, cwd, args, want_timeout, watch=None):
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(p, grace=2)
-        raise StepError("client %s: timed out after %.0fs" % (" ".join(map(str, args[:1])), timeout))
+        kill_tree(p, grace=2)   # SIGTERM first: a flood or prints client prints how far it got
+        why = "client %s: timed out after %.0fs" % (" ".join(map(str, args[:1])), timeout)
+        try:
+            late, _ = p.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            late = ""
+        for line in (late or "").splitlines():
+            try:
+                part = json.loads(line) if line.strip().startswith("{") else None
+            except ValueError:
+                part = None
+            if part and part.get("incomplete"):
+                why += ("; what had arrived by then: stream messages %s, bytes %s, reply %s, idle %s"
+                        % ("{:,}".format(part.get("received_messages", 0)), "{:,}".format(part.get("received_bytes", 0)),
+                           "yes" if part.get("replied") else "no", "yes" if part.get("idle") else "no"))
+        if watch and watch.proc and watch.proc.poll() is None:
+            why += "; the server used %.1f s of CPU" % (cpu_s(watch.proc.pid) - cpu0)
+        raise StepError(why)
     finally:
         if p.poll() is None:
             kill_tree(p, grace=2)

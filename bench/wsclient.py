@@ -41,12 +41,15 @@ Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_media
 over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
 "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
 "seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes", "received_bytes",
-"received_messages", "seconds", "messages_per_s"}. Exit status 0, or 1 with the reason on stderr.
+"received_messages", "seconds", "messages_per_s"}. A flood or prints cell stopped by SIGTERM first prints what had
+arrived: {"mode", "incomplete": true, "received_bytes", "received_messages", "replied", "idle",
+"seconds", ...}. Exit status 0, or 1 with the reason on stderr.
 """
 import argparse
 import datetime
 import json
 import select
+import signal
 import socket
 import statistics
 import sys
@@ -150,6 +153,7 @@ class DirectKernel:
     def request(self, msg_type, content, timeout=MESSAGE_TIMEOUT):
         sent = self.session.send(self.shell, msg_type, content)
         r = Round(sent["header"]["msg_id"], msg_type.replace("_request", "_reply"))
+        self.current = r
         deadline = time.monotonic() + timeout
         while not r.done:
             left = r.wait_bound(deadline)
@@ -229,6 +233,7 @@ class GatewayKernel:
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
             "parent_header": {}, "metadata": {}, "content": content}))
         r = Round(msg_id, msg_type.replace("_request", "_reply"))
+        self.current = r
         deadline = time.monotonic() + timeout
         while not r.done:
             left = r.wait_bound(deadline)
@@ -328,16 +333,40 @@ def measure_interleaved(open_gateway, n, pairs):
 def measure_flood(kernel, megabytes, mode):
     code = flood_code(megabytes)
     t0 = time.perf_counter()
-    r = kernel.execute(code, CELL_TIMEOUT)
+    r = run_cell(kernel, code, mode, t0, printed_bytes=megabytes * 1024 * (LINE + 1))
     seconds = time.perf_counter() - t0
     return {"mode": mode, "printed_bytes": megabytes * 1024 * (LINE + 1), "received_bytes": r.stdout_chars,
             "seconds": round(seconds, 3), "MB_per_s": round(r.stdout_chars / seconds / 1e6, 1),
             "idle_lost": r.idle_lost}
 
 
+class Stopped(Exception):
+    """SIGTERM (the harness's timeout): the cell in progress reports what it got so far."""
+
+
+def on_sigterm(signum, frame):
+    raise Stopped("stopped by signal %d" % signum)
+
+
+def run_cell(kernel, code, mode, t0, **what):
+    """kernel.execute(code) for the flood and prints modes. Stopped (SIGTERM) first prints a
+    line {"mode", "incomplete": true, what..., "received_bytes", "received_messages",
+    "replied", "idle", "seconds"}: how far the cell had come, for the harness's error."""
+    try:
+        return kernel.execute(code, CELL_TIMEOUT)
+    except Stopped:
+        r = getattr(kernel, "current", None)
+        print(json.dumps({"mode": mode, "incomplete": True, **what,
+                          "received_bytes": r.stdout_chars if r else 0,
+                          "received_messages": r.stdout_messages if r else 0,
+                          "replied": bool(r and r.replied), "idle": bool(r and r.idle),
+                          "seconds": round(time.perf_counter() - t0, 3)}), flush=True)
+        raise
+
+
 def measure_prints(kernel, count, mode):
     t0 = time.perf_counter()
-    r = kernel.execute(prints_code(count), CELL_TIMEOUT)
+    r = run_cell(kernel, prints_code(count), mode, t0, count=count, printed_bytes=prints_bytes(count))
     seconds = time.perf_counter() - t0
     return {"mode": mode, "count": count, "printed_bytes": prints_bytes(count), "received_bytes": r.stdout_chars,
             "received_messages": r.stdout_messages, "seconds": round(seconds, 3), "messages_per_s": round(count / seconds), "idle_lost": r.idle_lost}
@@ -370,6 +399,7 @@ def parse_args(argv):
 
 def main(argv):
     a = parse_args(argv)
+    signal.signal(signal.SIGTERM, on_sigterm)
     if a.mode == "interleaved":
         if a.n < 1 or not 1 <= a.pairs <= a.n:
             raise ValueError("interleaved needs N >= 1 and 1 <= --pairs <= N")
