@@ -9,15 +9,5 @@
 # Prints tables on stdout, progress on stderr, raw JSON to bench/results/discovery-latest.json.
 # Exit status: 0 all steps ran, 1 a step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "usage: bench/discovery.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
-esac
-py=/usr/bin/python3   # Debian's python has jupyter_server/jupyter_client; pyenv's does not
-if ! "$py" -c 'import jupyter_server, jupyter_client' 2>/dev/null; then
-  echo "discovery: $py lacks jupyter_server/jupyter_client (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/discovery.py"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch discovery.py "jupyter_server jupyter_client" "$@"

@@ -7,17 +7,5 @@
 # Prints a table on stdout, progress on stderr, raw JSON (with wrk's output) to bench/results/http-latest.json.
 # Exit status: 0 every wrk run clean (target reported), 1 a run failed, 2 usage/setup (no wrk), 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-esac
-if ! command -v wrk >/dev/null; then
-  echo "http: wrk is not installed (apt-get install -y wrk; scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-py=/usr/bin/python3   # Debian's python has jupyter_server; pyenv's does not
-if ! "$py" -c 'import jupyter_server, tornado.websocket' 2>/dev/null; then
-  echo "http: $py lacks jupyter_server (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/httpbench.py" "$@"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch --args --command wrk httpbench.py "jupyter_server tornado.websocket" "$@"

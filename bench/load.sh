@@ -8,13 +8,5 @@
 # Prints a table on stdout, progress on stderr, raw JSON to bench/results/load-latest.json.
 # Exit status: 0 kgate lost/crossed/duplicated nothing, 1 it did or a step failed, 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-esac
-py=/usr/bin/python3   # Debian's python has jupyter_server/tornado/ipykernel; pyenv's does not
-if ! "$py" -c 'import jupyter_server, tornado.websocket, ipykernel' 2>/dev/null; then
-  echo "load: $py lacks jupyter_server/tornado/ipykernel (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/load.py" "$@"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch --args load.py "jupyter_server tornado.websocket ipykernel" "$@"

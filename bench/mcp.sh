@@ -8,15 +8,5 @@
 # Prints tables on stdout, progress on stderr, raw JSON to bench/results/mcp-latest.json.
 # Exit status: 0 all steps ran, 1 a step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "usage: bench/mcp.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
-esac
-py=/usr/bin/python3   # Debian's python has jupyter_server/jupyter_client/ipykernel/websocket-client; pyenv's does not
-if ! "$py" -c 'import jupyter_server, jupyter_client, ipykernel, websocket, zmq' 2>/dev/null; then
-  echo "mcp: $py lacks jupyter_server/jupyter_client/ipykernel/websocket-client/pyzmq (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/mcp.py"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch mcp.py "jupyter_server jupyter_client ipykernel websocket zmq" "$@"

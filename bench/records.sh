@@ -7,15 +7,5 @@
 # Prints tables on stdout, progress on stderr, raw JSON to bench/results/records-latest.json.
 # Exit status: 0 all steps ran and checks held, 1 a step or check failed (listed under "errors"), 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "usage: bench/records.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
-esac
-py=/usr/bin/python3   # Debian's python has jupyter_server/jupyter_client/ipykernel/websocket-client; pyenv's does not
-if ! "$py" -c 'import jupyter_server, jupyter_client, ipykernel, websocket, zmq' 2>/dev/null; then
-  echo "records: $py lacks jupyter_server/jupyter_client/ipykernel/websocket-client/pyzmq (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/records.py"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch records.py "jupyter_server jupyter_client ipykernel websocket zmq" "$@"

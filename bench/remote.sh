@@ -7,10 +7,5 @@
 # Prints a table on stdout, progress on stderr, raw JSON to bench/results/remote-latest.json.
 # Exit status: 0 all steps ran, 1 a step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "usage: bench/remote.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
-esac
-exec /usr/bin/python3 "$here/remote.py"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch remote.py "" "$@"

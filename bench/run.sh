@@ -9,16 +9,5 @@
 # Prints a table on stdout, progress on stderr, raw JSON to bench/results/latest.json.
 # Exit status: 0 all steps ran, 1 some step failed (listed under "errors"), 2 usage/setup, 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "usage: bench/run.sh [-h]   (settings via environment; see -h)" >&2; exit 2 ;;
-esac
-# Debian's python has jupyter_server/jupyter_client/ipykernel/websocket-client; pyenv's does not.
-py=/usr/bin/python3
-if ! "$py" -c 'import jupyter_server, jupyter_client, ipykernel, websocket, zmq' 2>/dev/null; then
-  echo "bench: $py lacks jupyter_server/jupyter_client/ipykernel/websocket-client/pyzmq (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/bench.py"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch bench.py "jupyter_server jupyter_client ipykernel websocket zmq" "$@"

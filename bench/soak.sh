@@ -10,13 +10,5 @@
 # Exit status: 0 fds/children back at baseline, RSS growth within max(20 %, 20 MB), every cycle clean;
 #              1 otherwise or a step failed; 2 usage/setup; 130 interrupted.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-case "${1:-}" in
-  -h|--help) sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-esac
-py=/usr/bin/python3   # Debian's python has tornado/ipykernel; pyenv's does not
-if ! "$py" -c 'import tornado.websocket, ipykernel' 2>/dev/null; then
-  echo "soak: $py lacks tornado/ipykernel (run scripts/bootstrap.sh)" >&2
-  exit 2
-fi
-exec "$py" "$here/soak.py" "$@"
+. "$(dirname "${BASH_SOURCE[0]}")/launch.sh"
+bench_launch --args soak.py "tornado.websocket ipykernel" "$@"
