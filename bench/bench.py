@@ -805,12 +805,10 @@ def summarize(R):
 def _fmt(v, fmt):
     if v is None:
         return "—"
-    if fmt == "s":
+    if fmt in ("s", "3"):   # seconds, and ratios to three places
         return "%.3f" % v
     if fmt == "1":
         return "%.1f" % v
-    if fmt == "3":
-        return "%.3f" % v
     return "{:,}".format(int(round(v)))
 
 

@@ -38,12 +38,13 @@ otherwise costs the client more than the gateway costs (see bench/README.md).
 
 Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_median_us",
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
-over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us",
-"p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes", "received_bytes",
-"seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes", "received_bytes",
-"received_messages", "seconds", "messages_per_s"}. A flood or prints cell stopped by SIGTERM first prints what had
-arrived: {"mode", "incomplete": true, "received_bytes", "received_messages", "replied", "idle",
-"seconds", ...}. Exit status 0, or 1 with the reason on stderr.
+over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us",
+"p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes",
+"received_bytes", "seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes",
+"received_bytes", "received_messages", "seconds", "messages_per_s"}. A flood or prints cell
+stopped by SIGTERM first prints what had arrived: {"mode", "incomplete": true, "received_bytes",
+"received_messages", "replied", "idle", "seconds", ...}. Exit status 0, or 1 with the reason on
+stderr.
 """
 import argparse
 import datetime
@@ -423,6 +424,7 @@ def main(argv):
         kernel.close()
     print(json.dumps(result), flush=True)
     return 0
+
 
 if __name__ == "__main__":
     try:
