@@ -334,14 +334,19 @@ void KernelManager::Impl::run() {
       timers.pop();
       fn();
     }
-    for (auto* o : observers) o->on_pass_end();
+    pass_end();
     if (stopping.load() && io.empty()) {
       std::lock_guard lk(qmu);
       if (queue.empty()) return;
     }
     poll_once();
-    for (auto* o : observers) o->on_pass_end();
+    pass_end();
   }
+}
+
+void KernelManager::Impl::pass_end() {
+  for (auto* o : observers) o->on_pass_end();
+  for (auto* o : observers) o->after_pass();
 }
 
 // One pass: wait for a kernel socket, a kernel's exit, the wake eventfd or the next timer, then
