@@ -334,19 +334,14 @@ void KernelManager::Impl::run() {
       timers.pop();
       fn();
     }
-    pass_end();
+    for (auto* o : observers) o->on_pass_end();
     if (stopping.load() && io.empty()) {
       std::lock_guard lk(qmu);
       if (queue.empty()) return;
     }
     poll_once();
-    pass_end();
+    for (auto* o : observers) o->on_pass_end();
   }
-}
-
-void KernelManager::Impl::pass_end() {
-  for (auto* o : observers) o->on_pass_end();
-  for (auto* o : observers) o->after_pass();
 }
 
 // One pass: wait for a kernel socket, a kernel's exit, the wake eventfd or the next timer, then

@@ -345,8 +345,6 @@ struct KernelManager::Impl {
 
   void run();
   void poll_once();
-  // Tells the observers the pass has ended: on_pass_end, then after_pass.
-  void pass_end();
   // Reads what `sock` has, up to its per-pass bound: the number of messages read.
   std::size_t on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
   void read_iopub(KernelIo& k);

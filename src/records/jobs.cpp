@@ -497,7 +497,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       j->input = std::move(in);
       changed_locked();
     }
-    notify_after_pass();
+    notify();
     return;
   }
   if (m.channel == Channel::iopub) {
@@ -576,7 +576,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
       }
       if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
     }
-    notify_after_pass();
+    notify();
     return;
   }
   if (m.channel != Channel::shell || m.msg_type != "execute_reply") return;
@@ -631,7 +631,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
     }
     if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
   }
-  notify_after_pass();
+  notify();
 }
 
 void JobStore::on_kernel_side_event(const KernelPtr& kernel, const json& content) {
@@ -711,7 +711,7 @@ void JobStore::on_client_message(const KernelPtr& kernel, const ClientMessage& m
     if (silent != content.end() && silent->is_boolean() && silent->get<bool>() && !by_request_locked(msg.msg_id))
       create_locked(kernel->id(), JobOrigin::user, msg.msg_id, *code);
   }
-  notify_after_pass();
+  notify();
 }
 
 void JobStore::on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
@@ -887,24 +887,10 @@ std::vector<std::pair<std::string, std::string>> JobStore::sweep() {
   return unanswered;
 }
 
-void JobStore::notify_after_pass() {
-  std::lock_guard lk(mu_);
-  pass_due_ = true;
-}
-
-void JobStore::after_pass() {
-  {
-    std::lock_guard lk(mu_);
-    if (!pass_due_) return;
-  }
-  notify();
-}
-
 void JobStore::notify() {
   bool changed;
   {
     std::lock_guard lk(mu_);
-    pass_due_ = false;
     persist_locked();
     changed = changed_;
     changed_ = false;

@@ -54,9 +54,6 @@ class KernelObserver {
   // The kernel I/O thread finished a pass of its loop: what it handed over since the last call
   // (messages, removals) is a batch an observer that hands it on may now send as one.
   virtual void on_pass_end() {}
-  // After every observer's on_pass_end: work that must not delay what those handed on (the
-  // records' disk writes come after the websocket clients' batch is posted).
-  virtual void after_pass() {}
 };
 
 struct KernelModel {

@@ -221,10 +221,6 @@ class JobStore final : public KernelObserver {
   void on_client_message(const KernelPtr& kernel, const ClientMessage& msg) override;
   void on_kernel_lifecycle(const KernelPtr& kernel, KernelLifecycle event,
                            const std::string& reason) override;
-  // What the pass's messages and requests changed goes to the disk, and the waiting requests are
-  // re-checked, here: after the hub has posted the pass's batch to the websocket clients, so the
-  // record's write is not on a reply's way (docs/dev/readoption.md, "The records").
-  void after_pass() override;
 
   // Runs `code` as `agent`: refused while anything runs on the kernel or another live agent holds
   // it; else records the job, takes the claim and calls `send` with the execute_request, all under
@@ -362,10 +358,7 @@ class JobStore final : public KernelObserver {
   void persist_locked();
   std::string kernel_line_locked(const std::string& kernel, const PerKernel& pk) const;
   void compact_locked(const std::string& kernel, PerKernel& pk);
-  // Writes what is dirty and calls on_change_ if anything changed.
   void notify();
-  // The same, at kgate-io's pass end (after_pass): for on_kernel_message and on_client_message.
-  void notify_after_pass();
 
   const RecordLimits limits_;
   const std::string session_;
@@ -373,7 +366,6 @@ class JobStore final : public KernelObserver {
   std::uint64_t counter_ = 0;
   std::uint64_t version_ = 0;
   bool changed_ = false;
-  bool pass_due_ = false;  // notify_after_pass was called since the last notify
   std::map<std::uint64_t, Job> jobs_;
   std::map<std::string, std::uint64_t> by_request_;
   std::set<std::uint64_t> running_;    // running jobs (a handful: at most a few per kernel)

@@ -43,11 +43,9 @@ struct Fixture {
   void iopub(const std::string& type, const std::string& parent, const json& content,
              const std::string& session = "someone-else") {
     store->on_kernel_message(kernel, kmsg(Channel::iopub, type, parent, content, session));
-    store->after_pass();  // each message in a pass of its own, as kgate-io may read it
   }
   void reply(const std::string& parent, const json& content) {
     store->on_kernel_message(kernel, kmsg(Channel::shell, "execute_reply", parent, content));
-    store->after_pass();
   }
   // A foreign cell seen only on iopub (a client attached by connection file).
   void foreign_begin(const std::string& req, const std::string& code) {

@@ -97,41 +97,6 @@ TEST(RecordLog, UnsafeKernelIdsAreNotFileNames) {
   EXPECT_FALSE(fs::exists(t.path / "escape.log"));
 }
 
-// What kgate-io's messages change is written, and announced, at the end of its pass
-// (after_pass, which runs after the hub has posted the pass's batch), so the write is not on a
-// reply's way; a change made on another thread (a submit) is written and announced at once.
-TEST(RecordLog, KgateIosChangesAreWrittenAtItsPassEnd) {
-  TempDir t;
-  RecordLog log({t.path / "records"});
-  JobStore store{RecordLimits{}};
-  store.persist_to(&log);
-  int announced = 0;
-  store.set_on_change([&] { ++announced; });
-  auto on_disk = [&] {
-    std::ifstream f(t.path / "records" / "k1.log");
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
-  auto kernel = make_kernel("k1");
-  std::vector<ClientMessage> sent;
-  ASSERT_TRUE(store.submit("k1", AgentRef{"a", ""}, "x = 1", JobOrigin::mcp,
-                           [&](ClientMessage m) { sent.push_back(std::move(m)); }));
-  EXPECT_NE(on_disk().find("\"code\":\"x = 1\""), std::string::npos) << on_disk();
-  EXPECT_EQ(announced, 1);
-  const std::string req = sent.back().msg_id;
-  store.on_kernel_message(kernel, kmsg(Channel::iopub, "execute_input", req, {{"code", "x = 1"}, {"execution_count", 1}}));
-  store.on_kernel_message(kernel, kmsg(Channel::iopub, "status", req, {{"execution_state", "idle"}}));
-  EXPECT_EQ(store.job("job-1")->status, JobStatus::ok);  // the record in memory: at once
-  EXPECT_EQ(on_disk().find("\"status\":\"ok\""), std::string::npos) << on_disk();
-  EXPECT_EQ(announced, 1);
-  store.after_pass();
-  EXPECT_NE(on_disk().find("\"status\":\"ok\""), std::string::npos) << on_disk();
-  EXPECT_EQ(announced, 2);
-  const auto size = on_disk().size();
-  store.after_pass();  // a pass that changed nothing writes and announces nothing
-  EXPECT_EQ(on_disk().size(), size);
-  EXPECT_EQ(announced, 2);
-}
-
 TEST(RecordLog, AJobStoresRecordsAreReadBackByTheNext) {
   TempDir t;
   fs::path dir = t.path / "records";
@@ -148,11 +113,9 @@ TEST(RecordLog, AJobStoresRecordsAreReadBackByTheNext) {
     store.on_kernel_message(kernel, kmsg(Channel::iopub, "execute_input", req, {{"code", "x = 41"}, {"execution_count", 3}}));
     store.on_kernel_message(kernel, kmsg(Channel::iopub, "stream", req, {{"name", "stdout"}, {"text", "41\n"}}));
     store.on_kernel_message(kernel, kmsg(Channel::iopub, "status", req, {{"execution_state", "idle"}}));
-    store.after_pass();  // kgate-io's pass ends: what its messages changed goes to the disk
     ASSERT_TRUE(store.submit("k1", AgentRef{"a", "Agent A"}, "import time; time.sleep(9)", JobOrigin::mcp, send));
     running_req = sent.back().msg_id;
     store.on_kernel_message(kernel, kmsg(Channel::iopub, "execute_input", running_req, {{"code", "sleep"}, {"execution_count", 4}}));
-    store.after_pass();
   }
   RecordLog log({dir});
   JobStore store{RecordLimits{}};
