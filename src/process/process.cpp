@@ -37,6 +37,11 @@ namespace kgate {
 
 namespace {
 
+// "link version 2, this kgate version 1"
+std::string link_versions(unsigned theirs) {
+  return "link version " + std::to_string(theirs) + ", this kgate version " + std::to_string(kSupervisorLinkVersion);
+}
+
 // What the child was doing when it failed; sent to the parent ahead of errno.
 enum ChildStage : int { kStageChdir = 1, kStageStdin = 2, kStageExec = 3, kStageStdout = 4 };
 
@@ -351,21 +356,25 @@ ChildProcess ChildProcess::launch_supervised(const LaunchOptions& opts) {
     }
     c.sup_pid_ = -1;
   };
-  unsigned long long pid = 0, start = 0;
   int stage = 0, err = 0;
-  if (std::sscanf(line.c_str(), "pid %llu %llu", &pid, &start) == 2 && pid > 0) {
-    c.pid_ = static_cast<pid_t>(pid);
-    c.start_time_ = start;
+  const auto hello = parse_supervisor_pid_line(line);
+  if (hello && hello->version <= kSupervisorLinkVersion) {
+    c.pid_ = hello->pid;
+    c.start_time_ = hello->start_time;
     return c;
   }
-  if (std::sscanf(line.c_str(), "error %d %d", &stage, &err) == 2) {
+  if (!hello && std::sscanf(line.c_str(), "error %d %d", &stage, &err) == 2) {
     reap_supervisor(false);
     throw LaunchError(err, stage, launch_failure(argv0, opts.cwd.string(), stage));
   }
-  reap_supervisor(true);
-  throw std::system_error(line.empty() ? ETIMEDOUT : EPROTO, std::generic_category(),
-                          "cannot launch " + argv0 + " (its supervisor " + opts.supervisor.string() +
-                              (line.empty() ? " did not report the kernel's pid within 10 s)" : " said: " + line + ")"));
+  reap_supervisor(true);  // a newer one's kernel too: this kgate could not speak to it
+  throw std::system_error(
+      line.empty() ? ETIMEDOUT : EPROTO, std::generic_category(),
+      "cannot launch " + argv0 + " (its supervisor " + opts.supervisor.string() +
+          (line.empty() ? " did not report the kernel's pid within 10 s)"
+           : hello      ? " speaks " + link_versions(hello->version) +
+                         "; restart kgate, so that it and its kgate-supervise are of one release)"
+                        : " said: " + line + ")"));
 }
 
 ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_time, std::string rest) {
@@ -431,15 +440,16 @@ ChildProcess::SupervisorHello ChildProcess::read_hello(int fd, std::string rest,
     ::close(fd);
     return h;
   }
-  unsigned long long pid = 0, start = 0;
-  if (std::sscanf(line.c_str(), "pid %llu %llu", &pid, &start) != 2 || pid == 0) {
-    h.why = "its supervisor said: " + line;
+  const auto hello = parse_supervisor_pid_line(line);
+  if (!hello || hello->version > kSupervisorLinkVersion) {
+    h.why = hello ? "its supervisor speaks " + link_versions(hello->version) + " (a newer kgate started it)"
+                  : "its supervisor said: " + line;
     ::close(fd);
     return h;
   }
   h.fd = fd;
-  h.pid = static_cast<pid_t>(pid);
-  h.start_time = start;
+  h.pid = hello->pid;
+  h.start_time = hello->start_time;
   return h;
 }
 

@@ -4,9 +4,11 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -31,6 +33,35 @@ namespace kgate {
 
 std::string supervisor_socket_name(const std::string& kernel_id) {
   return "kgate-supervise/" + std::to_string(::getuid()) + "/" + kernel_id;
+}
+
+std::string supervisor_pid_line(pid_t pid, unsigned long long start_time) {
+  return "pid " + std::to_string(pid) + " " + std::to_string(start_time) + " link " +
+         std::to_string(kSupervisorLinkVersion);
+}
+
+std::optional<SupervisorPidLine> parse_supervisor_pid_line(const std::string& line) {
+  // Digits only: sscanf's %llu alone would take a sign, and wrap a "-1".
+  auto number = [](std::string_view w, unsigned long long& out) {
+    if (w.empty() || w.size() > 20 || w.find_first_not_of("0123456789") != std::string_view::npos) return false;
+    errno = 0;
+    out = std::strtoull(std::string(w).c_str(), nullptr, 10);
+    return errno == 0;
+  };
+  std::vector<std::string_view> words;
+  for (std::size_t at = 0; at <= line.size();) {
+    const std::size_t sp = std::min(line.find(' ', at), line.size());
+    words.emplace_back(line.data() + at, sp - at);
+    at = sp + 1;
+  }
+  unsigned long long pid = 0, start = 0, version = 1;
+  if ((words.size() != 3 && words.size() != 5) || words[0] != "pid" || !number(words[1], pid) ||
+      !number(words[2], start) || pid == 0 || pid > 0x7fffffffULL)
+    return std::nullopt;
+  if (words.size() == 5 && (words[3] != "link" || !number(words[4], version) || version == 0 ||
+                            version > 0xffffffffULL))
+    return std::nullopt;
+  return SupervisorPidLine{static_cast<pid_t>(pid), start, static_cast<unsigned>(version)};
 }
 
 std::string control_link_answer(const std::string& key, const std::string& kernel_id,
@@ -174,7 +205,7 @@ int supervise(const SuperviseOptions& o) {
     return fail(0, e.code().value());
   }
   const unsigned long long start = process_start_time(kernel.pid());
-  std::string hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(start);
+  std::string hello = supervisor_pid_line(kernel.pid(), start);
   for (auto& c : clients) write_line(c.fd, hello);
   const bool started_ok = !o.on_started || o.on_started(kernel.pid(), start);
 
@@ -210,7 +241,7 @@ int supervise(const SuperviseOptions& o) {
           if (c.challenge.empty()) write_line(c.fd, "error 0 " + std::to_string(e.code().value()));
         break;
       }
-      hello = "pid " + std::to_string(kernel.pid()) + " " + std::to_string(process_start_time(kernel.pid()));
+      hello = supervisor_pid_line(kernel.pid(), process_start_time(kernel.pid()));
       for (auto& c : clients)
         if (c.challenge.empty()) write_line(c.fd, hello);
       continue;

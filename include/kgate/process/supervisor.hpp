@@ -10,7 +10,8 @@
 // grace) and exits.
 //
 // The protocol is lines of ASCII:
-//   supervisor -> kgate   "pid <pid> <starttime>"   on connect (starttime: /proc/<pid>/stat field 22)
+//   supervisor -> kgate   "pid <pid> <starttime> link <version>"   on connect (starttime: /proc/<pid>/stat
+//                                                  field 22; version: kSupervisorLinkVersion)
 //                         "error <stage> <errno>"   the kernel could not be started (then it exits)
 //                         "exit <wait status>"      the kernel ended (then it exits)
 //   kgate -> supervisor   "signal <n> group" | "signal <n> pid"
@@ -19,8 +20,11 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <sys/types.h>
 
 namespace kgate {
 
@@ -48,6 +52,22 @@ struct SuperviseOptions {
   // Runs once the kernel started (before the loop); false stops the kernel (as a SIGTERM would).
   std::function<bool(int pid, unsigned long long start_time)> on_started;
 };
+
+// The version of the protocol above.  A kgate adopts, or starts a kernel with, no supervisor
+// that speaks a newer one (docs/service.md, "The formats, and their versions").  Version 1 is
+// also what a supervisor from before the field was (its pid line ended after the start time).
+inline constexpr unsigned kSupervisorLinkVersion = 1;
+
+struct SupervisorPidLine {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;
+  unsigned version = 0;
+};
+// "pid <pid> <starttime> link <version>", as this supervisor sends it.
+std::string supervisor_pid_line(pid_t pid, unsigned long long start_time);
+// A pid line: "pid <pid> <starttime>" (version 1) or "pid <pid> <starttime> link <version>";
+// nullopt for anything else, a pid of 0 or a version of 0.
+std::optional<SupervisorPidLine> parse_supervisor_pid_line(const std::string& line);
 
 // Runs the supervisor until the kernel has ended.  Returns the process exit code.
 int supervise(const SuperviseOptions& opts);

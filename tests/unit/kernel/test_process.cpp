@@ -1,6 +1,7 @@
 // Unit tests for child-process launching: exec errors, cwd, env, sessions, signals, pidfds, PDEATHSIG,
 // and the signal mask of kgate's worker thread.
 #include "kgate/process/process.hpp"
+#include "kgate/process/supervisor.hpp"
 
 #include <cerrno>
 #include <cstddef>
@@ -547,7 +548,8 @@ TEST(Supervised, ALaterKgateTakesOverBySocket) {
     start = c.start_time();
     fd = connect_supervisor(o.supervisor_name);
     ASSERT_GE(fd, 0);
-    EXPECT_EQ(read_line_from(fd, 2000), "pid " + std::to_string(pid) + " " + std::to_string(start));
+    EXPECT_EQ(read_line_from(fd, 2000), "pid " + std::to_string(pid) + " " + std::to_string(start) + " link " +
+                                            std::to_string(kSupervisorLinkVersion));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   EXPECT_TRUE(alive(pid)) << "a connected kgate did not keep the kernel";
@@ -557,6 +559,81 @@ TEST(Supervised, ALaterKgateTakesOverBySocket) {
   ::close(fd);
   EXPECT_TRUE(wait_dead(pid, 2000));
   EXPECT_EQ(connect_supervisor(o.supervisor_name), -1);
+}
+
+// The supervisor link's version (docs/service.md): the pid line says it; a supervisor from before
+// the field is version 1.
+TEST(SupervisorLink, PidLinesOfEachVersionAreReadAndNothingElse) {
+  auto v = parse_supervisor_pid_line(supervisor_pid_line(4242, 99));
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->pid, 4242);
+  EXPECT_EQ(v->start_time, 99u);
+  EXPECT_EQ(v->version, kSupervisorLinkVersion);
+  v = parse_supervisor_pid_line("pid 17 123456");  // a supervisor from before the field
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->pid, 17);
+  EXPECT_EQ(v->version, 1u);
+  v = parse_supervisor_pid_line("pid 17 123456 link 7");  // a newer one: read, and refused by the caller
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->version, 7u);
+  for (const char* bad : {"", "pid", "pid 17", "pid 0 5", "pid -1 5", "pid +17 5", "pid 17 5 link",
+                          "pid 17 5 link 0", "pid 17 5 link x", "pid 17 5 lnk 2", "pid 17 5 link 2 more",
+                          "pid  17 5", "pid 17 5 ", "pid 99999999999 5", "pid 17 5 link 99999999999",
+                          "error 1 2", "exit 0"})
+    EXPECT_FALSE(parse_supervisor_pid_line(bad)) << '"' << bad << '"';
+}
+
+// A kgate adopts no kernel whose supervisor speaks a newer link, and says so; an older one's pid
+// line is read as before.
+TEST(SupervisorLink, ANewerSupervisorIsNotAdoptedAndAnOlderOneIs) {
+  for (const auto& [line, adopted] : std::vector<std::pair<std::string, bool>>{
+           {"pid 4242 99 link " + std::to_string(kSupervisorLinkVersion + 1), false},
+           {"pid 4242 99", true},
+           {"pid 4242 99 link 1", true}}) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    const std::string sent = line + "\n";
+    ASSERT_EQ(::write(sv[1], sent.data(), sent.size()), static_cast<ssize_t>(sent.size()));
+    auto h = ChildProcess::read_hello(sv[0], {}, 2000);
+    if (adopted) {
+      EXPECT_EQ(h.fd, sv[0]) << line << ": " << h.why;
+      EXPECT_EQ(h.pid, 4242);
+      EXPECT_EQ(h.start_time, 99u);
+      ::close(h.fd);
+    } else {
+      EXPECT_EQ(h.fd, -1) << line;
+      EXPECT_EQ(h.why, "its supervisor speaks link version " + std::to_string(kSupervisorLinkVersion + 1) +
+                           ", this kgate version " + std::to_string(kSupervisorLinkVersion) +
+                           " (a newer kgate started it)");
+    }
+    ::close(sv[1]);
+  }
+}
+
+// A newer kgate-supervise on disk than the running kgate (a package upgraded, kgate not yet
+// restarted): the launch fails with what to do, and the supervisor it started is not left behind.
+TEST(SupervisorLink, ALaunchThroughANewerSupervisorFailsWithWhatToDo) {
+  TempDir d("kgate-sup");
+  const auto fake = d.path() / "kgate-supervise";
+  const auto pidfile = d.path() / "pid";
+  std::ofstream(fake) << "#!/bin/sh\necho $$ > " << pidfile.string() << "\necho \"pid $$ 1 link "
+                      << kSupervisorLinkVersion + 1 << "\" >&3\nexec sleep 30\n";
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  auto o = supervised({"sleep", "30"});
+  o.supervisor = fake;
+  try {
+    ChildProcess::launch(o);
+    FAIL() << "no exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code().value(), EPROTO) << e.what();
+    EXPECT_NE(std::string(e.what()).find("speaks link version " + std::to_string(kSupervisorLinkVersion + 1) +
+                                         ", this kgate version " + std::to_string(kSupervisorLinkVersion) +
+                                         "; restart kgate"),
+              std::string::npos)
+        << e.what();
+  }
+  const pid_t sup = std::stoi(read_file(pidfile.string()));
+  EXPECT_TRUE(wait_dead(sup, 2000)) << "the newer supervisor was left running";
 }
 
 TEST(Supervised, AKilledSupervisorTakesItsKernelAlong) {
