@@ -10,8 +10,9 @@
 // grace) and exits.
 //
 // The protocol is lines of ASCII:
-//   supervisor -> kgate   "pid <pid> <starttime> link <version>"   on connect (starttime: /proc/<pid>/stat
-//                                                  field 22; version: kSupervisorLinkVersion)
+//   supervisor -> kgate   "pid <pid> <starttime> link <version>"
+//                                                   on connect (starttime: /proc/<pid>/stat field 22;
+//                                                   version: kSupervisorLinkVersion)
 //                         "error <stage> <errno>"   the kernel could not be started (then it exits)
 //                         "exit <wait status>"      the kernel ended (then it exits)
 //   kgate -> supervisor   "signal <n> group" | "signal <n> pid"
