@@ -95,9 +95,11 @@ Server::Server(GatewayOptions opts)
   mcp_ = std::make_unique<McpHttp>(*this);
   discovery_.start();  // a quick pass now; the full discovery runs on its own thread
   pool_ = std::make_unique<WarmPool>(*this);
-  // A change in the records (on any thread) re-checks the waiting requests, once per burst.
+  // A change in the records (on any thread) re-checks the waiting requests, once per burst; with
+  // none waiting, the Asio thread is not woken for it (a websocket client's cell changes its
+  // record twice).
   jobs_.set_on_change([this] {
-    if (!poke_pending_.exchange(true))
+    if (waiters_.any() && !poke_pending_.exchange(true))
       net::post(ioc_, [this] {
         poke_pending_ = false;
         waiters_.poke();

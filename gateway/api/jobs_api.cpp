@@ -28,11 +28,16 @@ namespace kgate::gw {
 // Waiters
 
 bool Waiters::add(std::chrono::milliseconds timeout, std::function<bool()> ready, std::function<void()> done) {
+  ++pending_;  // before ready(): a change after it pokes (any())
   if (ready() || timeout.count() <= 0) {
+    --pending_;
     done();
     return true;
   }
-  if (waits_.size() >= max_) return false;
+  if (waits_.size() >= max_) {
+    --pending_;
+    return false;
+  }
   auto w = std::make_shared<Wait>(ioc_);
   w->ready = std::move(ready);
   w->done = std::move(done);
@@ -47,6 +52,7 @@ void Waiters::fire(const std::shared_ptr<Wait>& w) {
   w->fired = true;
   w->timer.cancel();
   waits_.remove(w);
+  --pending_;
   auto done = std::move(w->done);
   done();
 }

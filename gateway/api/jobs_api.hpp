@@ -5,6 +5,7 @@
 // is shared with the kernel I/O thread under its own lock.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <list>
@@ -28,6 +29,10 @@ class Waiters {
   void poke();  // the store changed
   void cancel_all();
   std::size_t size() const { return waits_.size(); }
+  // Whether a wait is pending or being added: read on any thread (Server's on_change posts no
+  // poke without one).  add() counts a wait before it asks ready(), so a change made after that
+  // ask sees it counted.
+  bool any() const { return pending_.load() > 0; }
 
  private:
   struct Wait {
@@ -42,6 +47,7 @@ class Waiters {
   net::io_context& ioc_;
   std::size_t max_;
   std::list<std::shared_ptr<Wait>> waits_;
+  std::atomic<std::size_t> pending_{0};  // waits_.size(), plus an add() under way
 };
 
 // GET {base}observe: the observe page.

@@ -2,6 +2,7 @@
 // checks of check_request, CORS (preflights and response headers), kernel_id's UUID check, the
 // kernelspec file lookup and its content types, the default_kernel warning, and the json_error body.
 #include "api/api.hpp"
+#include "api/jobs_api.hpp"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -781,6 +782,38 @@ TEST(DefaultKernelWarning, NoKernelspecAtAll) {
   const std::string w = default_kernel_warning(cat, "no-such-kernel");
   EXPECT_NE(w.find("fails"), std::string::npos) << w;
   EXPECT_NE(w.find("Kernelspecs: none"), std::string::npos) << w;
+}
+
+
+// Waiters::any(), which Server's on_change reads on kgate-io to skip a poke nobody waits for: a
+// wait counts from before its first ready() until it fires, so a change made after that first
+// ask always finds it counted.
+TEST(Waiters, AWaitCountsFromBeforeItsFirstAskUntilItFires) {
+  net::io_context ioc;
+  Waiters w(ioc, 2);
+  EXPECT_FALSE(w.any());
+  bool counted_while_asked = false;
+  int done = 0;
+  ASSERT_TRUE(w.add(std::chrono::seconds(30), [&] { counted_while_asked = w.any(); return false; }, [&] { ++done; }));
+  EXPECT_TRUE(counted_while_asked);
+  EXPECT_TRUE(w.any());
+  bool ready = false;
+  ASSERT_TRUE(w.add(std::chrono::seconds(30), [&] { return ready; }, [&] { ++done; }));
+  EXPECT_FALSE(w.add(std::chrono::seconds(30), [] { return false; }, [&] { ++done; }));  // past max: refused
+  EXPECT_EQ(w.size(), 2u);
+  ready = true;
+  w.poke();  // the second is ready: it fires, the first still waits
+  EXPECT_EQ(done, 1);
+  EXPECT_TRUE(w.any());
+  w.cancel_all();
+  EXPECT_EQ(done, 2);
+  EXPECT_FALSE(w.any());
+  ioc.poll();  // the cancelled timers' handlers: nothing fires twice
+  EXPECT_EQ(done, 2);
+  // Ready at once: answered, and not counted after.
+  ASSERT_TRUE(w.add(std::chrono::seconds(30), [] { return true; }, [&] { ++done; }));
+  EXPECT_EQ(done, 3);
+  EXPECT_FALSE(w.any());
 }
 
 }  // namespace
