@@ -442,7 +442,9 @@ ChildProcess::SupervisorHello ChildProcess::read_hello(int fd, std::string rest,
   }
   const auto hello = parse_supervisor_pid_line(line);
   if (!hello || hello->version > kSupervisorLinkVersion) {
-    h.why = hello ? "its supervisor speaks " + link_versions(hello->version) + " (a newer kgate started it)"
+    // A newer kgate started it, or a node runs a newer kgate-supervise (remote-launchers.md).
+    h.why = hello ? "its supervisor speaks " + link_versions(hello->version) +
+                        " (a newer kgate or kgate-supervise started it)"
                   : "its supervisor said: " + line;
     ::close(fd);
     return h;

@@ -604,7 +604,7 @@ TEST(SupervisorLink, ANewerSupervisorIsNotAdoptedAndAnOlderOneIs) {
       EXPECT_EQ(h.fd, -1) << line;
       EXPECT_EQ(h.why, "its supervisor speaks link version " + std::to_string(kSupervisorLinkVersion + 1) +
                            ", this kgate version " + std::to_string(kSupervisorLinkVersion) +
-                           " (a newer kgate started it)");
+                           " (a newer kgate or kgate-supervise started it)");
     }
     ::close(sv[1]);
   }
