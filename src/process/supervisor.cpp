@@ -4,9 +4,9 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <charconv>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -41,12 +41,10 @@ std::string supervisor_pid_line(pid_t pid, unsigned long long start_time) {
 }
 
 std::optional<SupervisorPidLine> parse_supervisor_pid_line(const std::string& line) {
-  // Digits only: sscanf's %llu alone would take a sign, and wrap a "-1".
+  // Digits only, the whole word (sscanf's %llu would take a sign or a space, and wrap a "-1").
   auto number = [](std::string_view w, unsigned long long& out) {
-    if (w.empty() || w.size() > 20 || w.find_first_not_of("0123456789") != std::string_view::npos) return false;
-    errno = 0;
-    out = std::strtoull(std::string(w).c_str(), nullptr, 10);
-    return errno == 0;
+    const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), out);
+    return ec == std::errc() && end == w.data() + w.size();
   };
   std::vector<std::string_view> words;
   for (std::size_t at = 0; at <= line.size();) {
