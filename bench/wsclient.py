@@ -40,8 +40,10 @@ Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_media
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
 over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us",
 "p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes",
-"received_bytes", "seconds", "MB_per_s"}; prints modes {"mode", "count", "printed_bytes",
-"received_bytes", "received_messages", "seconds", "messages_per_s"}. A flood or prints cell
+"received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes {"mode", "count",
+"printed_bytes", "received_bytes", "received_messages", "seconds", "messages_per_s",
+"idle_lost"}. idle_lost: the server lost the cell's idle (the wait for it ended IDLE_GRACE after
+the reply), and seconds end at the cell's last message. A flood or prints cell
 stopped by SIGTERM first prints what had arrived: {"mode", "incomplete": true, "received_bytes",
 "received_messages", "replied", "idle", "seconds", ...}. Exit status 0, or 1 with the reason on
 stderr.
