@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -389,6 +390,73 @@ bool tcp_accepts(const std::string& ip, int port) {
                   ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return ok;
+}
+
+namespace {
+// Field 6 of /proc/<pid>/stat, the session id; -1 when it cannot be read.
+int proc_session(const fs::path& stat_path) {
+  std::ifstream in(stat_path);
+  std::string stat;
+  if (!in || !std::getline(in, stat)) return -1;
+  const auto close = stat.rfind(')');  // comm may hold spaces and parentheses
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 1));
+  std::string state, ppid, pgrp;
+  int session = -1;
+  return fields >> state >> ppid >> pgrp >> session ? session : -1;
+}
+
+// Adds the local port of each LISTEN entry of a /proc/net/tcp-format table to `out.own` when
+// its inode is in `inodes`, else to `out.others`; false when the table cannot be read.  A line:
+// "sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...", the address
+// as hex "ADDR:PORT", st 0A for LISTEN.
+bool listening_ports(const char* table, const std::set<unsigned long long>& inodes, TcpListeners& out) {
+  std::ifstream in(table);
+  std::string line;
+  if (!in || !std::getline(in, line)) return false;  // the heading
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, st, queues, timer, retransmits, uid, timeout;
+    unsigned long long inode = 0;
+    if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retransmits >> uid >> timeout >> inode)) continue;
+    const auto colon = local.rfind(':');
+    if (st != "0A" || colon == std::string::npos) continue;
+    int port = 0;
+    const char* first = local.data() + colon + 1;
+    const char* last = local.data() + local.size();
+    if (auto r = std::from_chars(first, last, port, 16); r.ec != std::errc{} || r.ptr != last) continue;
+    (inodes.count(inode) ? out.own : out.others).insert(port);
+  }
+  return true;
+}
+}  // namespace
+
+TcpListeners session_tcp_listeners(int sid) {
+  std::set<unsigned long long> inodes;
+  std::error_code ec;
+  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (proc_session(it->path() / "stat") != sid) continue;
+    std::error_code fec;
+    for (fs::directory_iterator fd(it->path() / "fd", fec), fend; !fec && fd != fend; fd.increment(fec)) {
+      char buf[64];
+      const ssize_t n = ::readlink(fd->path().c_str(), buf, sizeof buf);
+      if (n <= 0) continue;
+      const std::string_view target(buf, static_cast<std::size_t>(n));
+      constexpr std::string_view prefix = "socket:[";
+      if (target.size() <= prefix.size() + 1 || target.substr(0, prefix.size()) != prefix || target.back() != ']') continue;
+      unsigned long long inode = 0;
+      const char* last = target.data() + target.size() - 1;
+      if (auto r = std::from_chars(target.data() + prefix.size(), last, inode); r.ec == std::errc{} && r.ptr == last)
+        inodes.insert(inode);
+    }
+  }
+  TcpListeners out;
+  out.readable = listening_ports("/proc/net/tcp", inodes, out);
+  listening_ports("/proc/net/tcp6", inodes, out);  // absent without IPv6
+  if (!out.readable) out.own.clear(), out.others.clear();
+  return out;
 }
 
 std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set<int>& avoid) {

@@ -146,6 +146,7 @@ struct KernelIo {
   // move the execution state a ready kernel starts with (idle) to busy.
   std::set<std::string> readiness_ids;
   bool stall_relaunched = false;  // one relaunch of a kernel that started but never got ready
+  bool stall_warned = false;  // the warning of a stall that is not relaunched, once a launch
   Clock::time_point ready_deadline;
   Clock::time_point stall_deadline;  // launch + ready_timeout / 3: then relaunch once
   std::vector<std::function<void(StartResult)>> start_waiters;

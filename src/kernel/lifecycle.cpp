@@ -88,6 +88,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   k.readiness_ids.clear();
   k.ready_deadline = Clock::now() + opts.ready_timeout;
   k.stall_deadline = Clock::now() + opts.ready_timeout / 3;
+  k.stall_warned = false;
   send_kernel_info(k);
 }
 
@@ -243,6 +244,14 @@ void KernelManager::Impl::send_kernel_info(KernelIo& k) {
       fail_start(k, e.what());
     }
     return;
+  }
+  if (now > k.stall_deadline && !k.stall_warned) {
+    // Not relaunched (a remote kernel's relaunch is another job; a re-adopted kernel or a second
+    // launch is not relaunched again): the log says what is missing while it waits on.
+    k.stall_warned = true;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - (k.ready_deadline - opts.ready_timeout));
+    spdlog::warn("kernel {}: not ready after {:.1f} s ({}); its start fails if it is not within {} s", k.kernel->id(),
+                 waited.count() / 1000.0, readiness_missing(k), opts.ready_timeout.count() / 1000);
   }
   ++k.info_sent;
   if (!k.hb_ok && k.hb) {  // a ping with every round of readiness requests

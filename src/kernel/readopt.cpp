@@ -167,7 +167,8 @@ void KernelManager::Impl::await_ready(KernelIo& k) {
   k.info_sent = 0;
   k.readiness_ids.clear();
   k.ready_deadline = Clock::now() + opts.ready_timeout;
-  k.stall_deadline = k.ready_deadline;
+  k.stall_deadline = Clock::now() + opts.ready_timeout / 3;  // a warning then: no relaunch (another job)
+  k.stall_warned = false;
   send_kernel_info(k);
 }
 

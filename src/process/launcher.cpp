@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -518,9 +520,11 @@ int node_launch(const std::filesystem::path& spec_file) {
       so.argv.push_back(std::move(arg));
     }
     // The kernel, started here: its ports are picked by binding and closing them, so another
-    // launcher on this host (twenty jobs starting at once) can take one in between, and the
-    // kernel exits (EADDRINUSE).  It is registered only once it listens on all five; one that
-    // exits first is started again on fresh ports, three times at most.
+    // process on this host (twenty jobs starting at once) can take one in between.  ipykernel
+    // then exits (EADDRINUSE), except on its heartbeat port: that thread dies alone and the
+    // kernel runs on, never ready.  So it is registered only once its own session listens on
+    // all five (session_tcp_listeners); one that exits first, or one of whose ports another
+    // process listens on, is started again on fresh ports, three times at most.
     ::setenv("JPY_PARENT_PID", std::to_string(::getpid()).c_str(), 1);  // ipykernel's parent poller watches us
     LaunchOptions lo;
     lo.argv = so.argv;
@@ -540,23 +544,40 @@ int node_launch(const std::filesystem::path& spec_file) {
       kernel = ChildProcess::launch(lo);  // throws when it cannot be started at all
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       bool exited = false;
+      int taken = 0;  // a port another process answers on
       std::size_t listening = 0;
       while (std::chrono::steady_clock::now() < until) {
         if (kernel.try_reap()) {
           exited = true;
           break;
         }
+        // Read from /proc, not probed: a connection to a port another process listens on but
+        // does not accept from would hang the probe.
+        const TcpListeners l = session_tcp_listeners(static_cast<int>(kernel.pid()));
         listening = 0;
-        for (int p : ports) listening += tcp_accepts(probe_ip, p) ? 1 : 0;
-        if (listening == ports.size()) break;
+        for (int p : ports) {
+          if (l.own.count(p)) ++listening;
+          else if (l.others.count(p)) taken = p;
+        }
+        if (!l.readable) {  // no /proc/net/tcp: whether something accepts on each, as before
+          listening = 0;
+          for (int p : ports) listening += tcp_accepts(probe_ip, p) ? 1 : 0;
+        }
+        if (listening == ports.size() || taken) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      if (!exited) {
+      if (!exited && !taken) {
         if (listening < ports.size()) note("the kernel does not listen on all its ports after 60 s; registering it anyway");
         break;
       }
-      if (attempt == 3) throw std::runtime_error("the kernel " + kernel.describe_exit() + " during startup, 3 times");
-      note("the kernel " + kernel.describe_exit() + " during startup (a port taken meanwhile?); again on fresh ports");
+      std::string why = "the kernel " + kernel.describe_exit() + " during startup (a port taken meanwhile?)";
+      if (taken) {
+        why = "port " + std::to_string(taken) + " was taken by another process before the kernel bound it";
+        kernel.signal_group(SIGKILL);
+        kernel.wait_for_exit(5000);
+      }
+      if (attempt == 3) throw std::runtime_error(why + ", 3 times");
+      note(why + "; again on fresh ports");
     }
     so.prelaunched = &kernel;
     so.tcp_listen_fd = tfd;

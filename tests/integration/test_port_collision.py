@@ -2,8 +2,11 @@
 window) is relaunched on fresh ports, at first start and at restart."""
 import json
 import os
+import re
 import signal
 import time
+
+from conftest import Kgate
 
 # The wrapper runs ipykernel, except on the launches listed in FAIL_ON (1-based), where it
 # saves the connection file it was given and exits 1, like a kernel whose port was taken.
@@ -131,3 +134,45 @@ def test_a_kernel_whose_heartbeat_port_was_taken_is_relaunched(kgate, tmp_path):
                 os.kill(int(pid.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+# A kernel wedged in its start: it listens on its five ports and never answers on any.
+WEDGED = r'''
+n=$(cat "$STATE/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$STATE/count"
+exec /usr/bin/python3 -c '
+import json, socket, sys, time
+info = json.load(open(sys.argv[1]))
+held = []
+for key in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((info["ip"], info[key])); s.listen(8); held.append(s)
+time.sleep(120)' "$1"
+'''
+
+
+def test_a_wedged_kernel_is_relaunched_once_then_fails_with_what_was_missing(kgate_bin, tmp_path):
+    (tmp_path / "kgate.toml").write_text("[kernel]\nready_timeout_ms = 6000\n\n[pool]\nsize = 0\n")
+    kg = Kgate(kgate_bin, tmp_path, config=tmp_path / "kgate.toml").start()
+    try:
+        state = tmp_path / "wedged-state"
+        state.mkdir()
+        spec = kg.root / "share" / "kernels" / "wedged"
+        spec.mkdir(parents=True)
+        (spec / "wrapper.sh").write_text(WEDGED)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": ["/bin/sh", "{resource_dir}/wrapper.sh", "{connection_file}"],
+            "display_name": "wedged", "language": "python", "env": {"STATE": str(state)},
+        }))
+        status, _, body = kg.rest("POST", "/api/kernels", {"name": "wedged"}, timeout=60)
+        assert status == 500, (status, body)
+        missing = "no kernel_info_reply"
+        assert "did not become ready within 6 s" in body["message"] and missing in body["message"], body
+        assert (state / "count").read_text().strip() == "2", "not relaunched once"
+        log = kg.log_tail(100)
+        assert "relaunching it once on fresh ports" in log, log
+        # The second launch is not relaunched again: a warning at a third of the timeout says
+        # what is missing, before the start fails.
+        assert re.search(r"not ready after 2\.\d s \(no kernel_info_reply.*\); its start fails if it is not within 6 s",
+                         log), log
+    finally:
+        kg.stop()

@@ -1,8 +1,10 @@
 """Kernels on an SSH launcher (issue 19), against an sshd on loopback this module starts itself
 (engines.Sshd: Debian's openssh-server, a generated host key and user key, as root)."""
 
+import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -51,9 +53,17 @@ link_timeout_seconds = 60
     d.stop(sig=signal.SIGINT)
 
 
-def ssh_kernel(kg, launcher):
-    status, _, model = kg.rest("POST", "/api/kernels", {"name": "python3", "kgate_launcher": launcher}, timeout=90)
-    assert status == 201, f"{status} {model!r}\n{kg.log_tail()}"
+def node_logs(kg):
+    """The node launchers' logs (kgate-node-<id>.log in the launchers' connection_dir), last lines."""
+    out = []
+    for log in sorted((kg.root / "node-runtime").glob("kgate-node-*.log")):
+        out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    return "\n".join(out)
+
+
+def ssh_kernel(kg, launcher, name="python3"):
+    status, _, model = kg.rest("POST", "/api/kernels", {"name": name, "kgate_launcher": launcher}, timeout=90)
+    assert status == 201, f"{status} {model!r}\n{kg.log_tail()}\n{node_logs(kg)}"
     kg._kernels.add(model["id"])
     return model
 
@@ -109,6 +119,59 @@ def test_an_ssh_kernel_executes_and_is_interrupted(kg, launcher):
         conn = kg.connection_file(kid).read_text()
         assert '"ip": "127.0.0.1"' in conn or '"ip":"127.0.0.1"' in conn, conn
     kg.delete_kernel(kid)
+
+
+# Launch 1: another process (a session of its own) takes the kernel's heartbeat port before
+# ipykernel binds it. ipykernel's heartbeat thread dies alone and the kernel runs on, answering on
+# the other four ports: a probe of the ports would register it, never ready (seen in CI).
+HB_TAKEN = r'''
+n=$(cat "$STATE/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$STATE/count"
+if [ "$n" = 1 ]; then
+  cp "$1" "$STATE/taken-1.json"
+  setsid /usr/bin/python3 -c '
+import json, socket, sys, time
+info = json.load(open(sys.argv[1]))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((info["ip"], info["hb_port"])); s.listen(1)
+open(sys.argv[2], "w").write("bound")
+time.sleep(60)' "$1" "$STATE/bound" &
+  echo $! > "$STATE/blocker.pid"
+  while [ ! -e "$STATE/bound" ]; do sleep 0.05; done
+fi
+exec /usr/bin/python3 -m ipykernel_launcher -f "$1"
+'''
+
+
+def test_a_port_taken_on_the_node_relaunches_there_on_fresh_ports(kg, tmp_path):
+    state = tmp_path / "hbtaken"
+    state.mkdir()
+    spec = kg.root / "share" / "kernels" / "hbtaken"
+    spec.mkdir(parents=True)
+    (spec / "wrapper.sh").write_text(HB_TAKEN)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/bin/sh", "{resource_dir}/wrapper.sh", "{connection_file}"],
+        "display_name": "hb taken", "language": "python", "env": {"STATE": str(state)},
+    }))
+    try:
+        began = time.monotonic()
+        model = ssh_kernel(kg, "direct", name="hbtaken")
+        kid = model["id"]
+        assert time.monotonic() - began < 30, "waited for readiness rather than relaunching"
+        assert (state / "count").read_text().strip() == "2", "not relaunched on the node"
+        taken = json.loads((state / "taken-1.json").read_text())["hb_port"]
+        assert f"port {taken} was taken by another process before the kernel bound it; again on fresh ports" \
+            in node_logs(kg), node_logs(kg)
+        with kg.connect(kid) as ws:
+            assert ws.run("print(6*7)").strip() == "42"
+        assert wait_until(lambda: kg.kernel_model(kid)["responsive"] is True, 5), kg.kernel_model(kid)
+        kg.delete_kernel(kid)
+    finally:
+        pid = state / "blocker.pid"
+        if pid.exists():
+            try:
+                os.kill(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_dropped_ssh_connection_is_reconnected(kg):

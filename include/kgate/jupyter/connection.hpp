@@ -87,6 +87,18 @@ std::vector<int> pick_ports(const std::string& ip, std::size_t n, const std::set
 // Whether something accepts TCP connections on ip:port (IPv4): a probe, connected and closed.
 bool tcp_accepts(const std::string& ip, int port);
 
+// The local TCP ports (IPv4 and IPv6) listened on: `own` by a process of session `sid`, `others`
+// by any other socket (Linux: the socket inodes in /proc/<pid>/fd of each process whose session
+// is `sid`, matched against the LISTEN entries of /proc/net/tcp and tcp6).  A kernel runs in a
+// session of its own, so this tells its listeners from another process's on a port it was given,
+// without connecting to either.  Processes this user cannot read count as others; `readable` is
+// false when /proc/net/tcp cannot be read (both sets are empty then).
+struct TcpListeners {
+  std::set<int> own, others;
+  bool readable = false;
+};
+TcpListeners session_tcp_listeners(int sid);
+
 // A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
 std::string new_uuid();
 // A random uuid4 without dashes (32 hex digits).

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <csignal>
@@ -369,6 +372,67 @@ TEST(StaleFiles, ProcessStartTime) {
   EXPECT_EQ(process_start_time(::getpid()), process_start_time(::getpid()));
   EXPECT_EQ(process_start_time(dead_pid()), 0u);
   EXPECT_EQ(process_start_time(0), 0u);
+}
+
+namespace {
+// A TCP socket on 127.0.0.1, bound to a port the system picks; listening when `listen` says so.
+int loopback_socket(bool listen, int& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || (listen && ::listen(fd, 1) != 0)) return -1;
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+}  // namespace
+
+// How the node launcher tells its kernel's listeners from another process's on a given port.
+TEST(SessionListeners, OwnListenersOnlyAndOnlyWhileListening) {
+  int listening_port = 0, bound_port = 0;
+  const int listening = loopback_socket(true, listening_port);
+  const int bound = loopback_socket(false, bound_port);
+  ASSERT_GE(listening, 0);
+  ASSERT_GE(bound, 0);
+  auto mine = kgate::session_tcp_listeners(static_cast<int>(::getsid(0)));
+  EXPECT_TRUE(mine.readable);
+  EXPECT_TRUE(mine.own.count(listening_port));
+  EXPECT_FALSE(mine.others.count(listening_port));
+  EXPECT_FALSE(mine.own.count(bound_port) || mine.others.count(bound_port));  // bound, not listening
+
+  // A process in a session of its own listens on a port: it is in its session's set, not ours.
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setsid();
+    int port = 0;
+    const int fd = loopback_socket(true, port);
+    (void)fd;
+    (void)!::write(pipefd[1], &port, sizeof port);
+    ::pause();
+    ::_exit(0);
+  }
+  int child_port = 0;
+  ASSERT_EQ(::read(pipefd[0], &child_port, sizeof child_port), static_cast<ssize_t>(sizeof child_port));
+  EXPECT_TRUE(kgate::session_tcp_listeners(child).own.count(child_port));
+  EXPECT_FALSE(kgate::session_tcp_listeners(child).others.count(child_port));
+  auto ours = kgate::session_tcp_listeners(static_cast<int>(::getsid(0)));
+  EXPECT_FALSE(ours.own.count(child_port));
+  EXPECT_TRUE(ours.others.count(child_port));  // another session's listener
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(pipefd[0]);
+  ::close(pipefd[1]);
+
+  ::close(listening);
+  ::close(bound);
+  auto after = kgate::session_tcp_listeners(static_cast<int>(::getsid(0)));
+  EXPECT_FALSE(after.own.count(listening_port) || after.others.count(listening_port));
+  EXPECT_TRUE(kgate::session_tcp_listeners(999999999).own.empty());  // no such session
 }
 
 TEST(StaleFiles, OnlyFilesOfAGoneKgateAreRemoved) {
