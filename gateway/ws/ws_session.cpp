@@ -168,6 +168,10 @@ void WsSession::do_write() {
   }
   writing_ = true;
   const WsGather& f = queue_.front()->frame(proto_);
+  // One unmasked frame (auto_fragment is off): a 2-byte header, plus 2 or 8 for the length.
+  write_base_ = ws_->bytes_taken();
+  write_wire_ = f.size() + 2 + (f.size() > 65535 ? 8 : f.size() > 125 ? 2 : 0);
+  written_ = false;
   Websocket::Buffers pieces;
   pieces.reserve(f.count());
   for (std::size_t i = 0; i < f.count(); ++i) pieces.emplace_back(net::buffer(f.piece(i)));
@@ -178,12 +182,15 @@ void WsSession::do_write() {
 void WsSession::on_write(beast::error_code ec, std::size_t n) {
   writing_ = false;
   server_.hub().counters().bytes_out += n;
-  if (ec) {
+  if (ec && !written_) {
     // Not (wholly) sent: the front stays in the queue, and so goes to the session's replay.
     if (finished_) return detach();
     finish();
     return;
   }
+  // Sent; or cut short by finish() after the socket had taken all its bytes (Beast then says
+  // operation_aborted), which the client reads before kgate's FIN.
+  written_ = false;
   queued_bytes_ -= queue_.front()->bytes();
   queue_.pop_front();
   if (finished_) return detach();  // the connection ended while this write was in flight
@@ -255,10 +262,15 @@ void WsSession::uncork() {
 void WsSession::finish() {
   if (finished_) return;
   finished_ = true;
-  // A write in flight ends now, with an error, or with success if its bytes had already all gone
-  // to the socket (its completion queued behind the read error that brought us here): on_write
-  // knows which, and detaches then, so that a message the client got is not also counted as
-  // unsent (replayed twice, or reported dropped).
+  // A write in flight ends now.  Its bytes may all have gone to the socket already (its completion
+  // queued behind the read error that brought us here), and then the client reads them before
+  // kgate's FIN; but Beast ends it with operation_aborted either way once the stream has failed.
+  // So the socket's own count says which (written_, on plain TCP), and on_write detaches then:
+  // a message the client got is not also counted as unsent (replayed twice, or reported dropped).
+  if (writing_ && write_base_) {
+    const auto now = ws_->bytes_taken();
+    written_ = now && *now - *write_base_ >= write_wire_;
+  }
   ws_->close_transport();
   if (!writing_) detach();
 }

@@ -13,6 +13,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ws/hub.hpp"
@@ -65,6 +66,11 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   std::size_t spill_dropped_bytes_ = 0;
   bool warned_slow_ = false;
   bool writing_ = false;
+  // The write in flight: the socket's byte count when it began (Websocket::bytes_taken) and its
+  // frame's size on the wire; finish() sets `written_` when the socket had taken all of it.
+  std::optional<std::uint64_t> write_base_;
+  std::size_t write_wire_ = 0;
+  bool written_ = false;
   bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)
   bool attached_ = false;  // owns its route in the hub (false once replaced)
   bool counted_ = false;   // the hub counts this connection: detach() exactly once

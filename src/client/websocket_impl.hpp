@@ -9,6 +9,8 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include <boost/beast/websocket.hpp>
@@ -18,6 +20,9 @@
 #include "kgate/client/websocket.hpp"
 
 namespace kgate::client {
+
+// tcp_sent.cpp: what a TCP socket has taken from its writer (bytes_taken).
+std::optional<std::uint64_t> tcp_bytes_taken(int fd);
 
 template <class Next>
 class WebsocketOver final : public Websocket {
@@ -55,6 +60,13 @@ class WebsocketOver final : public Websocket {
       int v = on ? 1 : 0;
       if (sock.is_open()) ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_CORK, &v, sizeof v);
     }
+  }
+  std::optional<std::uint64_t> bytes_taken() override {
+    if constexpr (std::is_same_v<Next, Websocket::Tcp>) {
+      auto& sock = beast::get_lowest_layer(ws_).socket();
+      if (sock.is_open()) return tcp_bytes_taken(sock.native_handle());
+    }
+    return std::nullopt;
   }
   void async_open(tcp::resolver& resolver, const Endpoint& ep, std::string target, std::string subprotocol,
                   std::chrono::milliseconds timeout, OpenHandler done) override;

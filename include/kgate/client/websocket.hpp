@@ -15,8 +15,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,6 +101,12 @@ class Websocket {
   // each.  Whoever turns it on must turn it off when its batch is written (Linux sends a
   // corked remainder after 200 ms anyway).
   virtual void cork(bool on) = 0;
+  // On a plain TCP transport, the count of bytes its socket has taken from kgate so far, from an
+  // arbitrary origin (tcp_bytes_taken): two readings tell what a write handed to the socket in
+  // between, which Beast does not (a write in flight when the stream fails ends with
+  // operation_aborted even when its last bytes had gone).  nullopt on TLS (the socket carries
+  // records, not frames), on a Unix socket, or when the kernel will not say.
+  virtual std::optional<std::uint64_t> bytes_taken() = 0;
 
   // Client side: resolves and connects to `ep` (TLS handshake with the peer checked, or the Unix
   // socket), deadline `timeout` per step, then the websocket handshake for `target` with kgate's
