@@ -11,6 +11,14 @@
 
 namespace kgate::gw {
 
+namespace {
+// A server frame's size on the wire: unmasked, a 2-byte header plus 2 or 8 for a longer length.
+// kgate's sessions write each message as one frame (auto_fragment off).
+std::uint64_t frame_wire_bytes(std::size_t payload) {
+  return payload + 2 + (payload > 65535 ? 8 : payload > 125 ? 2 : 0);
+}
+}  // namespace
+
 WsSession::WsSession(Stream stream, Services& server, KernelPtr kernel, std::string session_id)
     : ws_(to_websocket(std::move(stream))),
       server_(server),
@@ -42,6 +50,7 @@ void WsSession::run(http::request<http::string_body> req) {
   }));
   ws_->read_message_max(server_.options().max_ws_message_bytes);
   ws_->auto_fragment(false);
+  ws_->on_ping([this](std::size_t payload) { pong_wire_ += frame_wire_bytes(payload); });
   ws_->async_accept(req, beast::bind_front_handler(&WsSession::on_accept, shared_from_this()));
 }
 
@@ -168,9 +177,11 @@ void WsSession::do_write() {
   }
   writing_ = true;
   const WsGather& f = queue_.front()->frame(proto_);
-  // One unmasked frame (auto_fragment is off): a 2-byte header, plus 2 or 8 for the length.
-  write_base_ = ws_->bytes_taken();
-  write_wire_ = f.size() + 2 + (f.size() > 65535 ? 8 : f.size() > 125 ? 2 : 0);
+  if (!origin_read_) {
+    origin_read_ = true;
+    taken_origin_ = ws_->bytes_taken();
+  }
+  write_wire_ = frame_wire_bytes(f.size());
   written_ = false;
   Websocket::Buffers pieces;
   pieces.reserve(f.count());
@@ -191,6 +202,7 @@ void WsSession::on_write(beast::error_code ec, std::size_t n) {
   // Sent; or cut short by finish() after the socket had taken all its bytes (Beast then says
   // operation_aborted), which the client reads before kgate's FIN.
   written_ = false;
+  wire_written_ += write_wire_;
   queued_bytes_ -= queue_.front()->bytes();
   queue_.pop_front();
   if (finished_) return detach();  // the connection ended while this write was in flight
@@ -267,9 +279,12 @@ void WsSession::finish() {
   // kgate's FIN; but Beast ends it with operation_aborted either way once the stream has failed.
   // So the socket's own count says which (written_, on plain TCP), and on_write detaches then:
   // a message the client got is not also counted as unsent (replayed twice, or reported dropped).
-  if (writing_ && write_base_) {
+  if (writing_ && taken_origin_) {
+    // The pongs are counted as sent, though one may still wait behind this write: the count
+    // for this write is then too low, and a write that went whole is replayed, as before.
     const auto now = ws_->bytes_taken();
-    written_ = now && *now - *write_base_ >= write_wire_;
+    const std::uint64_t before = *taken_origin_ + wire_written_ + pong_wire_;
+    written_ = now && *now >= before && *now - before >= write_wire_;
   }
   ws_->close_transport();
   if (!writing_) detach();

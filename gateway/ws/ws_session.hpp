@@ -11,6 +11,7 @@
 // messages go to its session's replay buffer).
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -66,9 +67,14 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   std::size_t spill_dropped_bytes_ = 0;
   bool warned_slow_ = false;
   bool writing_ = false;
-  // The write in flight: the socket's byte count when it began (Websocket::bytes_taken) and its
-  // frame's size on the wire; finish() sets `written_` when the socket had taken all of it.
-  std::optional<std::uint64_t> write_base_;
+  // What the socket has taken, for finish(): its count (Websocket::bytes_taken) before the first
+  // message, read once; the wire bytes of the messages written since and of the pongs Beast may
+  // have sent; the size of the write in flight.  finish() sets `written_` when the socket had
+  // taken all of that write.  Counted, not read per write: a reading costs two syscalls.
+  std::optional<std::uint64_t> taken_origin_;
+  bool origin_read_ = false;
+  std::uint64_t wire_written_ = 0;
+  std::uint64_t pong_wire_ = 0;
   std::size_t write_wire_ = 0;
   bool written_ = false;
   bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)

@@ -61,6 +61,12 @@ class WebsocketOver final : public Websocket {
       if (sock.is_open()) ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_CORK, &v, sizeof v);
     }
   }
+  void on_ping(std::function<void(std::size_t)> f) override {
+    if (!f) return ws_.control_callback();
+    ws_.control_callback([f = std::move(f)](websocket::frame_type t, beast::string_view payload) {
+      if (t == websocket::frame_type::ping) f(payload.size());
+    });
+  }
   std::optional<std::uint64_t> bytes_taken() override {
     if constexpr (std::is_same_v<Next, Websocket::Tcp>) {
       auto& sock = beast::get_lowest_layer(ws_).socket();

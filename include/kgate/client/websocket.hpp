@@ -102,11 +102,13 @@ class Websocket {
   // corked remainder after 200 ms anyway).
   virtual void cork(bool on) = 0;
   // On a plain TCP transport, the count of bytes its socket has taken from kgate so far, from an
-  // arbitrary origin (tcp_bytes_taken): two readings tell what a write handed to the socket in
-  // between, which Beast does not (a write in flight when the stream fails ends with
+  // arbitrary origin (tcp_bytes_taken, two syscalls): two readings tell what was handed to the
+  // socket in between, which Beast does not (a write in flight when the stream fails ends with
   // operation_aborted even when its last bytes had gone).  nullopt on TLS (the socket carries
   // records, not frames), on a Unix socket, or when the kernel will not say.
   virtual std::optional<std::uint64_t> bytes_taken() = 0;
+  // Called with the payload size of each ping read (Beast answers it with a pong of its own).
+  virtual void on_ping(std::function<void(std::size_t payload_bytes)> f) = 0;
 
   // Client side: resolves and connects to `ep` (TLS handshake with the peer checked, or the Unix
   // socket), deadline `timeout` per step, then the websocket handshake for `target` with kgate's
