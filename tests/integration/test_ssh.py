@@ -1,7 +1,6 @@
 """Kernels on an SSH launcher (issue 19), against an sshd on loopback this module starts itself
 (engines.Sshd: Debian's openssh-server, a generated host key and user key, as root)."""
 
-import json
 import os
 import signal
 import time
@@ -10,6 +9,7 @@ import pytest
 
 from conftest import Kgate, assert_interrupts_a_sleep, wait_until
 from engines import Sshd
+from wrapped_kernels import HB_TAKEN, add_wrapped_spec, launches, stop_blocker, taken_hb_port
 
 
 @pytest.fixture(scope="module")
@@ -121,57 +121,24 @@ def test_an_ssh_kernel_executes_and_is_interrupted(kg, launcher):
     kg.delete_kernel(kid)
 
 
-# Launch 1: another process (a session of its own) takes the kernel's heartbeat port before
-# ipykernel binds it. ipykernel's heartbeat thread dies alone and the kernel runs on, answering on
-# the other four ports: a probe of the ports would register it, never ready (seen in CI).
-HB_TAKEN = r'''
-n=$(cat "$STATE/count" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$STATE/count"
-if [ "$n" = 1 ]; then
-  cp "$1" "$STATE/taken-1.json"
-  setsid /usr/bin/python3 -c '
-import json, socket, sys, time
-info = json.load(open(sys.argv[1]))
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((info["ip"], info["hb_port"])); s.listen(1)
-open(sys.argv[2], "w").write("bound")
-time.sleep(60)' "$1" "$STATE/bound" &
-  echo $! > "$STATE/blocker.pid"
-  while [ ! -e "$STATE/bound" ]; do sleep 0.05; done
-fi
-exec /usr/bin/python3 -m ipykernel_launcher -f "$1"
-'''
-
-
 def test_a_port_taken_on_the_node_relaunches_there_on_fresh_ports(kg, tmp_path):
-    state = tmp_path / "hbtaken"
-    state.mkdir()
-    spec = kg.root / "share" / "kernels" / "hbtaken"
-    spec.mkdir(parents=True)
-    (spec / "wrapper.sh").write_text(HB_TAKEN)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": ["/bin/sh", "{resource_dir}/wrapper.sh", "{connection_file}"],
-        "display_name": "hb taken", "language": "python", "env": {"STATE": str(state)},
-    }))
+    """ipykernel runs on without its heartbeat when that port was taken: a probe of the five ports
+    would register it, never ready (seen in CI). The node launcher sees whose listeners they are."""
+    state = add_wrapped_spec(kg, "hbtaken", HB_TAKEN, tmp_path / "hbtaken")
     try:
         began = time.monotonic()
         model = ssh_kernel(kg, "direct", name="hbtaken")
         kid = model["id"]
         assert time.monotonic() - began < 30, "waited for readiness rather than relaunching"
-        assert (state / "count").read_text().strip() == "2", "not relaunched on the node"
-        taken = json.loads((state / "taken-1.json").read_text())["hb_port"]
-        assert f"port {taken} was taken by another process before the kernel bound it; again on fresh ports" \
-            in node_logs(kg), node_logs(kg)
+        assert launches(state) == 2, "not relaunched on the node"
+        assert f"port {taken_hb_port(state)} was taken by another process before the kernel bound it; " \
+            "again on fresh ports" in node_logs(kg), node_logs(kg)
         with kg.connect(kid) as ws:
             assert ws.run("print(6*7)").strip() == "42"
         assert wait_until(lambda: kg.kernel_model(kid)["responsive"] is True, 5), kg.kernel_model(kid)
         kg.delete_kernel(kid)
     finally:
-        pid = state / "blocker.pid"
-        if pid.exists():
-            try:
-                os.kill(int(pid.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_blocker(state)
 
 
 def test_a_dropped_ssh_connection_is_reconnected(kg):
