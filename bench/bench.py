@@ -68,6 +68,13 @@ POLL = 0.005            # cold-start poll interval (5 ms)
 START_TIMEOUT = 30.0    # a server that has not answered GET /api by then failed to start
 
 
+def logger(name, t0):
+    """A bench script's log: a line on stderr, "[name seconds-since-t0] ..."."""
+    def log_fn(*a):
+        print("[%s %6.1fs]" % (name, time.monotonic() - t0), *a, file=sys.stderr, flush=True)
+    return log_fn
+
+
 def log(*a):
     print("[bench %6.1fs]" % (time.monotonic() - T_START), *a, file=sys.stderr, flush=True)
 
@@ -78,6 +85,25 @@ def remaining():
 
 class StepError(Exception):
     pass
+
+
+def error_text(e):
+    """What a failed step says: a StepError's own message, else the exception's type and text."""
+    return str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
+
+
+def run_step(name, errors, log_fn, fn, *a):
+    """fn(*a), or None when it fails: the failure is logged and added to `errors` as
+    {"step": name, "error": ...}, and the run goes on.  Ctrl-C is not caught."""
+    try:
+        return fn(*a)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        msg = error_text(e)
+        log_fn("FAILED %s: %s" % (name, msg))
+        errors.append({"step": name, "error": msg})
+        return None
 
 
 class OutOfTime(StepError):
@@ -519,15 +545,7 @@ def main():
     interrupted = False
 
     def step(name, fn, *a):
-        try:
-            return fn(*a)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
-            log("FAILED %s: %s" % (name, msg))
-            R["errors"].append({"step": name, "error": msg})
-            return None
+        return run_step(name, R["errors"], log, fn, *a)
 
     def start(kind, label, extra=()):
         budget(START_TIMEOUT)  # no new server once the time budget is (nearly) used up
@@ -660,19 +678,7 @@ def main():
         interrupted = True
         log("interrupted (%s): stopping everything" % (str(e) or "Ctrl-C"))
     finally:
-        for s in list(live):
-            try:
-                s.stop()
-            except Exception as e:
-                log("stopping %s: %s" % (s.label, e))
-        killed = sweep(tmp)
-        if killed:
-            log("swept %d leftover process(es): %s" % (len(killed), killed))
-            R["meta"]["swept_leftovers"] = killed
-        if KEEP_TMP:
-            log("temp dir kept: %s" % tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        stop_all(live, tmp, R, KEEP_TMP)
 
     R["meta"]["seconds"] = round(time.monotonic() - T_START, 1)
     R["summary"] = summarize(R)
@@ -812,20 +818,27 @@ def _fmt(v, fmt):
     return "{:,}".format(int(round(v)))
 
 
+def print_md(hdr, rows, right_from=1):
+    """A Markdown table of strings on stdout: columns from `right_from` on are right-aligned."""
+    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i < right_from else c.rjust(w[i])
+                                           for i, c in enumerate(cells)) + " |"
+    print(line(hdr))
+    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i >= right_from else ("-" * (w[i] + 2))
+                         for i in range(len(hdr))) + "|")
+    for r in rows:
+        print(line(r))
+
+
 def print_table(R):
     hdr = ["metric", "direct (floor)", "jupyter_server (peer)", "kgate", "kgate/direct", "kgate/peer"]
     rows = [[r["metric"], _fmt(r["direct"], r["format"]), _fmt(r["peer"], r["format"]), _fmt(r["kgate"], r["format"]),
              "—" if r["kgate_over_direct"] is None else "%.2f×" % r["kgate_over_direct"],
              "—" if r["kgate_over_peer"] is None else "%.2f×" % r["kgate_over_peer"]] for r in R["summary"]]
-    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(cells)) + " |"
     m = R["meta"]
     print("\nkgate benchmark  N=%d round trips x %d reps, %d MB flood (%d rounds), %d prints, %s cpus, %s"
           % (m["N"], m["reps"], m["MB"], m.get("rounds", 1), m.get("prints", 0), m["cpus"], m["date"]))
-    print(line(hdr))
-    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i else ("-" * (w[i] + 2)) for i in range(len(hdr))) + "|")
-    for r in rows:
-        print(line(r))
+    print_md(hdr, rows)
     print("* jupyter_server's default iopub rate limits drop most of the flood, so no kgate/peer ratio there.")
 
 

@@ -88,8 +88,7 @@ TABLE_RE = re.compile(r"(\d+) kernelspecs, (\d+) launchable; (\d+) interpreters 
 StepError = bench.StepError
 
 
-def log(*a):
-    print("[discovery %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("discovery", T0)
 
 
 def remaining():
@@ -131,15 +130,7 @@ def _f(v, fmt="int"):
     return bench._fmt(v, fmt)
 
 
-def print_md(hdr, rows, right_from=1):
-    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i < right_from else c.rjust(w[i])
-                                           for i, c in enumerate(cells)) + " |"
-    print(line(hdr))
-    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i >= right_from else ("-" * (w[i] + 2))
-                         for i in range(len(hdr))) + "|")
-    for r in rows:
-        print(line(r))
+print_md = bench.print_md
 
 
 # ---------------------------------------------------------------- servers
@@ -642,13 +633,7 @@ def main():
             if part not in PARTS:
                 continue
             try:
-                fn(R, tmp, binary, live, R["errors"])
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:
-                msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
-                log("FAILED %s: %s" % (part, msg))
-                R["errors"].append({"step": part, "error": msg})
+                bench.run_step(part, R["errors"], log, fn, R, tmp, binary, live, R["errors"])
             finally:
                 for s in list(reversed(live)):   # the --gateway-url server before the kgate behind it
                     stop(live, s)

@@ -41,8 +41,7 @@ import load  # noqa: E402  (start_server, use_pdeathsig, die_with_parent, copy_k
 T0 = time.monotonic()
 
 
-def log(*a):
-    print("[http %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("http", T0)
 
 
 def _dur(s):

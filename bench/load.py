@@ -63,8 +63,7 @@ import bench  # noqa: E402  (Server, kill_tree, sweep, rss_mb, cpu_s, finish, ve
 T0 = time.monotonic()
 
 
-def log(*a):
-    print("[load %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("load", T0)
 
 
 # ---------------------------------------------------------------- processes

@@ -87,8 +87,7 @@ SHORT = {"direct": "direct", "direct_history": "direct (history)", "mcp": "MCP",
 T0 = time.monotonic()
 
 
-def log(*a):
-    print("[mcp %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("mcp", T0)
 
 
 StepError = bench.StepError
@@ -479,7 +478,7 @@ def _ok(v, target):
 def print_tables(R):
     S = R["summary"]
     m = R["meta"]
-    print_md = _print_md
+    print_md = bench.print_md
     print("\nkgate-mcp round trip  N=%d timed (after %d warm-ups) x %d reps, median of reps (mean of two); "
           "kernel history %s; %s cpus, load %s, %s" % (N, WARMUP, REPS, KERNEL_HISTORY, m["cpus"],
                                                       " ".join(m["loadavg_start"]), m["date"]))
@@ -536,17 +535,6 @@ def print_tables(R):
     print("CPU is utime + stime from /proc/PID/stat, in clock ticks (10 ms), so small figures are coarse.")
 
 
-def _print_md(hdr, rows, right_from=1):
-    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i < right_from else c.rjust(w[i])
-                                           for i, c in enumerate(cells)) + " |"
-    print(line(hdr))
-    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i >= right_from else ("-" * (w[i] + 2))
-                         for i in range(len(hdr))) + "|")
-    for r in rows:
-        print(line(r))
-
-
 # ---------------------------------------------------------------- main
 
 def main():
@@ -591,15 +579,7 @@ def main():
     errors = R["errors"]
 
     def step(name, fn, *a):
-        try:
-            return fn(*a)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
-            log("FAILED %s: %s" % (name, msg))
-            errors.append({"step": name, "error": msg})
-            return None
+        return bench.run_step(name, errors, log, fn, *a)
 
     try:
         cl_env = bench.private_env(os.path.join(tmp, "client"))
@@ -677,7 +657,7 @@ def main():
         interrupted = True
         log("interrupted (%s): stopping everything" % (str(e) or "Ctrl-C"))
     except Exception as e:
-        msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
+        msg = bench.error_text(e)
         log("FAILED: %s" % msg)
         errors.append({"step": "setup", "error": msg})
     finally:

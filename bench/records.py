@@ -78,8 +78,7 @@ T0 = time.monotonic()
 LISTEN_RE = re.compile(r"listening on (http://[^/\s]+)/")
 
 
-def log(*a):
-    print("[records %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("records", T0)
 
 
 StepError = bench.StepError
@@ -171,15 +170,7 @@ def part_overhead(R, tmp, binary, live, errors):
                          "direct": {}, "peer": {}, "on": [], "off": []}
 
     def step(name, fn, *a):
-        try:
-            return fn(*a)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:
-            msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
-            log("FAILED %s: %s" % (name, msg))
-            errors.append({"step": name, "error": msg})
-            return None
+        return bench.run_step(name, errors, log, fn, *a)
 
     servers = {}
     for on in (True, False):
@@ -307,15 +298,7 @@ def _ratio(x):
     return "—" if x is None else "%.3f×" % x
 
 
-def print_md(hdr, rows, right_from=1):
-    w = [max(len(x[i]) for x in rows + [hdr]) for i in range(len(hdr))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w[i]) if i < right_from else c.rjust(w[i])
-                                           for i, c in enumerate(cells)) + " |"
-    print(line(hdr))
-    print("|" + "|".join(("-" * (w[i] + 1) + ":") if i >= right_from else ("-" * (w[i] + 2))
-                         for i in range(len(hdr))) + "|")
-    for r in rows:
-        print(line(r))
+print_md = bench.print_md
 
 
 def print_overhead(R):
@@ -604,13 +587,7 @@ def main():
             if part not in PARTS:
                 continue
             try:
-                fn(R, tmp, binary, live, R["errors"])
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:
-                msg = str(e) if isinstance(e, StepError) else "%s: %s" % (type(e).__name__, e)
-                log("FAILED %s: %s" % (part, msg))
-                R["errors"].append({"step": part, "error": msg})
+                bench.run_step(part, R["errors"], log, fn, R, tmp, binary, live, R["errors"])
             finally:
                 for s in list(live):
                     try:

@@ -56,8 +56,7 @@ import load  # noqa: E402  (Client, Registry, token_cell, start_server, use_pdea
 T0 = time.monotonic()
 
 
-def log(*a):
-    print("[soak %6.1fs]" % (time.monotonic() - T0), *a, file=sys.stderr, flush=True)
+log = bench.logger("soak", T0)
 
 
 def fds(pid):
