@@ -20,6 +20,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <openssl/rand.h>
 
@@ -406,11 +408,10 @@ int proc_session(const fs::path& stat_path) {
   return fields >> state >> ppid >> pgrp >> session ? session : -1;
 }
 
-// Adds the local port of each LISTEN entry of a /proc/net/tcp-format table to `out.own` when
-// its inode is in `inodes`, else to `out.others`; false when the table cannot be read.  A line:
-// "sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...", the address
-// as hex "ADDR:PORT", st 0A for LISTEN.
-bool listening_ports(const char* table, const std::set<unsigned long long>& inodes, TcpListeners& out) {
+// Adds each LISTEN entry of a /proc/net/tcp-format table to `out` as {port, socket inode}; false
+// when the table cannot be read.  A line: "sl local_address rem_address st tx:rx tr:when
+// retrnsmt uid timeout inode ...", the address as hex "ADDR:PORT", st 0A for LISTEN.
+bool listening_sockets(const char* table, std::vector<std::pair<int, unsigned long long>>& out) {
   std::ifstream in(table);
   std::string line;
   if (!in || !std::getline(in, line)) return false;  // the heading
@@ -425,13 +426,21 @@ bool listening_ports(const char* table, const std::set<unsigned long long>& inod
     const char* first = local.data() + colon + 1;
     const char* last = local.data() + local.size();
     if (auto r = std::from_chars(first, last, port, 16); r.ec != std::errc{} || r.ptr != last) continue;
-    (inodes.count(inode) ? out.own : out.others).insert(port);
+    out.emplace_back(port, inode);
   }
   return true;
 }
 }  // namespace
 
 TcpListeners session_tcp_listeners(int sid) {
+  // The listeners first, then the session's descriptors: a socket's descriptor exists before it
+  // listens, so every listener of the session read here is found below.  (The other order
+  // would count one that began listening between the two reads as another process's.)
+  std::vector<std::pair<int, unsigned long long>> listeners;
+  TcpListeners out;
+  out.readable = listening_sockets("/proc/net/tcp", listeners);
+  listening_sockets("/proc/net/tcp6", listeners);  // absent without IPv6
+  if (!out.readable) return out;
   std::set<unsigned long long> inodes;
   std::error_code ec;
   for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
@@ -452,10 +461,7 @@ TcpListeners session_tcp_listeners(int sid) {
         inodes.insert(inode);
     }
   }
-  TcpListeners out;
-  out.readable = listening_ports("/proc/net/tcp", inodes, out);
-  listening_ports("/proc/net/tcp6", inodes, out);  // absent without IPv6
-  if (!out.readable) out.own.clear(), out.others.clear();
+  for (const auto& [port, inode] : listeners) (inodes.count(inode) ? out.own : out.others).insert(port);
   return out;
 }
 

@@ -544,7 +544,8 @@ int node_launch(const std::filesystem::path& spec_file) {
       kernel = ChildProcess::launch(lo);  // throws when it cannot be started at all
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       bool exited = false;
-      int taken = 0;  // a port another process answers on
+      int taken = 0;        // a port another process listens on, seen twice in a row
+      int taken_once = 0;   // ... seen once: looked at again 20 ms later before the kill
       std::size_t listening = 0;
       while (std::chrono::steady_clock::now() < until) {
         if (kernel.try_reap()) {
@@ -555,10 +556,13 @@ int node_launch(const std::filesystem::path& spec_file) {
         // does not accept from would hang the probe.
         const TcpListeners l = session_tcp_listeners(static_cast<int>(kernel.pid()));
         listening = 0;
+        int others = 0;
         for (int p : ports) {
           if (l.own.count(p)) ++listening;
-          else if (l.others.count(p)) taken = p;
+          else if (l.others.count(p)) others = p;
         }
+        if (others && others == taken_once) taken = others;
+        taken_once = others;
         if (!l.readable) {  // no /proc/net/tcp: whether something accepts on each, as before
           listening = 0;
           for (int p : ports) listening += tcp_accepts(probe_ip, p) ? 1 : 0;

@@ -130,7 +130,7 @@ def test_a_port_taken_on_the_node_relaunches_there_on_fresh_ports(kg, tmp_path):
         model = ssh_kernel(kg, "direct", name="hbtaken")
         kid = model["id"]
         assert time.monotonic() - began < 30, "waited for readiness rather than relaunching"
-        assert launches(state) == 2, "not relaunched on the node"
+        assert launches(state) == 2, f"{launches(state)} launches on the node, not 2\n{node_logs(kg)}"
         assert f"port {taken_hb_port(state)} was taken by another process before the kernel bound it; " \
             "again on fresh ports" in node_logs(kg), node_logs(kg)
         with kg.connect(kid) as ws:
