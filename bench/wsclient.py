@@ -118,6 +118,21 @@ class Round:
     def done(self):
         return self.replied and self.idle
 
+    def wait(self, timeout, receive):
+        """Feeds this round what `receive(self, left)` reads, waiting at most `left` seconds,
+        until its reply and its idle have both come.  TimeoutError `timeout` seconds after the
+        send; an idle still missing IDLE_GRACE after the reply ends the wait (idle_lost)."""
+        deadline = time.monotonic() + timeout
+        while not self.done:
+            left = self.wait_bound(deadline)
+            if self.idle_lost:
+                break
+            if left <= 0:
+                raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (self.reply_type, self.replied, self.idle,
+                                                                               timeout))
+            receive(self, left)
+        return self
+
     def wait_bound(self, deadline):
         """Seconds left to wait: to the deadline, or to the end of the idle's grace after the
         reply (then idle_lost is set and 0 returned)."""
@@ -157,25 +172,14 @@ class DirectKernel:
 
     def request(self, msg_type, content, timeout=MESSAGE_TIMEOUT):
         sent = self.session.send(self.shell, msg_type, content)
-        r = Round(sent["header"]["msg_id"], msg_type.replace("_request", "_reply"))
-        self.current = r
-        deadline = time.monotonic() + timeout
-        while not r.done:
-            left = r.wait_bound(deadline)
-            if r.idle_lost:
-                break
-            events = self.poller.poll(max(0, left) * 1000) if left > 0 else []
-            if not events and r.wait_bound(deadline) > 0:
-                continue
-            if not events:
-                if r.idle_lost:
-                    break
-                raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
-            for sock, _ in events:
-                _, frames = self.session.feed_identities(sock.recv_multipart())
-                m = self.session.deserialize(frames)
-                r.feed(m["msg_type"], m["parent_header"].get("msg_id"), m["content"])
-        return r
+        self.current = Round(sent["header"]["msg_id"], msg_type.replace("_request", "_reply"))
+        return self.current.wait(timeout, self._receive)
+
+    def _receive(self, r, left):
+        for sock, _ in self.poller.poll(left * 1000):
+            _, frames = self.session.feed_identities(sock.recv_multipart())
+            m = self.session.deserialize(frames)
+            r.feed(m["msg_type"], m["parent_header"].get("msg_id"), m["content"])
 
     def execute(self, code, timeout=MESSAGE_TIMEOUT):
         return self.request("execute_request", execute_content(code, self.store_history), timeout)
@@ -237,29 +241,22 @@ class GatewayKernel:
                        "username": "bench", "version": "5.3",
                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
             "parent_header": {}, "metadata": {}, "content": content}))
-        r = Round(msg_id, msg_type.replace("_request", "_reply"))
-        self.current = r
-        deadline = time.monotonic() + timeout
-        while not r.done:
-            left = r.wait_bound(deadline)
-            if r.idle_lost:
-                break
-            if left <= 0:
-                raise TimeoutError("no %s (reply %s, idle %s) within %g s" % (r.reply_type, r.replied, r.idle, timeout))
-            # a short wait (the readiness probe, an idle's grace) must not cut a frame in half, so
-            # it waits for the socket first; otherwise recv blocks (its socket timeout is the bound)
-            if (timeout < MESSAGE_TIMEOUT or r.replied) and not select.select([self.ws.sock], [], [], left)[0]:
-                continue
-            # A ping (jupyter_server sends one every 30 s; the library answers it) comes back to
-            # the wait: ws.recv() would go on waiting for a data frame, past the idle's grace.
-            opcode, data = self.ws.recv_data(control_frame=True)
-            if opcode == self.websocket.ABNF.OPCODE_CLOSE:
-                raise ConnectionError("the server closed the websocket while %s waited" % r.reply_type)
-            if opcode not in (self.websocket.ABNF.OPCODE_TEXT, self.websocket.ABNF.OPCODE_BINARY):
-                continue
+        self.current = Round(msg_id, msg_type.replace("_request", "_reply"))
+        return self.current.wait(timeout, lambda r, left: self._receive(r, left, timeout < MESSAGE_TIMEOUT))
+
+    def _receive(self, r, left, short):
+        # A short wait (the readiness probe, an idle's grace) must not cut a frame in half, so
+        # it waits for the socket first; otherwise recv blocks (its socket timeout is the bound).
+        if (short or r.replied) and not select.select([self.ws.sock], [], [], left)[0]:
+            return
+        # A ping (jupyter_server sends one every 30 s; the library answers it) comes back to
+        # the wait: ws.recv() would go on waiting for a data frame, past the idle's grace.
+        opcode, data = self.ws.recv_data(control_frame=True)
+        if opcode == self.websocket.ABNF.OPCODE_CLOSE:
+            raise ConnectionError("the server closed the websocket while %s waited" % r.reply_type)
+        if opcode in (self.websocket.ABNF.OPCODE_TEXT, self.websocket.ABNF.OPCODE_BINARY):
             m = json.loads(data)
             r.feed(m.get("msg_type"), (m.get("parent_header") or {}).get("msg_id"), m.get("content") or {})
-        return r
 
     def execute(self, code, timeout=MESSAGE_TIMEOUT):
         return self.request("execute_request", execute_content(code, self.store_history), timeout)
