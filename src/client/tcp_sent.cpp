@@ -1,4 +1,4 @@
-// How many bytes a TCP socket has taken from its writer (websocket_impl.hpp's bytes_handed).  A
+// How many bytes a TCP socket has taken from its writer (Websocket::bytes_taken in websocket_impl.hpp).  A
 // unit of its own: glibc's <netinet/tcp.h> has no tcpi_bytes_acked, and the kernel's
 // <linux/tcp.h>, which has it, clashes with it in one unit.
 #include <linux/sockios.h>

@@ -223,7 +223,7 @@ void write_connection_file(const fs::path& path, const ConnectionInfo& info) {
 namespace {
 
 // The state letter and start time of `pid` from /proc/<pid>/stat; false when there is none.
-bool proc_stat(int pid, char& state, unsigned long long& start) {
+bool proc_stat(int pid, char& state, unsigned long long& start, int* session = nullptr) {
   if (pid <= 0) return false;
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
@@ -235,6 +235,7 @@ bool proc_stat(int pid, char& state, unsigned long long& start) {
   std::string field;
   for (int i = 3; i <= 22 && fields >> field; ++i) {
     if (i == 3) state = field.empty() ? '?' : field[0];
+    if (i == 6 && session) *session = std::atoi(field.c_str());  // field 6: the session id
     if (i == 22) {  // field 22: starttime
       start = std::strtoull(field.c_str(), nullptr, 10);
       return true;
@@ -395,19 +396,6 @@ bool tcp_accepts(const std::string& ip, int port) {
 }
 
 namespace {
-// Field 6 of /proc/<pid>/stat, the session id; -1 when it cannot be read.
-int proc_session(const fs::path& stat_path) {
-  std::ifstream in(stat_path);
-  std::string stat;
-  if (!in || !std::getline(in, stat)) return -1;
-  const auto close = stat.rfind(')');  // comm may hold spaces and parentheses
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(stat.substr(close + 1));
-  std::string state, ppid, pgrp;
-  int session = -1;
-  return fields >> state >> ppid >> pgrp >> session ? session : -1;
-}
-
 // Adds each LISTEN entry of a /proc/net/tcp-format table to `out` as {port, socket inode}; false
 // when the table cannot be read.  A line: "sl local_address rem_address st tx:rx tr:when
 // retrnsmt uid timeout inode ...", the address as hex "ADDR:PORT", st 0A for LISTEN.
@@ -445,8 +433,13 @@ TcpListeners session_tcp_listeners(int sid) {
   std::error_code ec;
   for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (proc_session(it->path() / "stat") != sid) continue;
+    int pid = 0, session = -1;
+    char state = '?';
+    unsigned long long start = 0;
+    if (auto r = std::from_chars(name.data(), name.data() + name.size(), pid);
+        r.ec != std::errc{} || r.ptr != name.data() + name.size() || !proc_stat(pid, state, start, &session) ||
+        session != sid)
+      continue;
     std::error_code fec;
     for (fs::directory_iterator fd(it->path() / "fd", fec), fend; !fec && fd != fend; fd.increment(fec)) {
       char buf[64];
