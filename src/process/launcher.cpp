@@ -544,8 +544,8 @@ int node_launch(const std::filesystem::path& spec_file) {
       kernel = ChildProcess::launch(lo);  // throws when it cannot be started at all
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       bool exited = false;
-      int taken = 0;        // a port another process listens on, seen twice in a row
-      int taken_once = 0;   // ... seen once: looked at again 20 ms later before the kill
+      int taken = 0;       // a port another process listens on, seen in two reads in a row
+      int seen_before = 0;  // the one the last read saw: looked at again 20 ms later before the kill
       std::size_t listening = 0;
       while (std::chrono::steady_clock::now() < until) {
         if (kernel.try_reap()) {
@@ -561,8 +561,8 @@ int node_launch(const std::filesystem::path& spec_file) {
           if (l.own.count(p)) ++listening;
           else if (l.others.count(p)) others = p;
         }
-        if (others && others == taken_once) taken = others;
-        taken_once = others;
+        if (others && others == seen_before) taken = others;
+        seen_before = others;
         if (!l.readable) {  // no /proc/net/tcp: whether something accepts on each, as before
           listening = 0;
           for (int p : ports) listening += tcp_accepts(probe_ip, p) ? 1 : 0;
@@ -574,11 +574,13 @@ int node_launch(const std::filesystem::path& spec_file) {
         if (listening < ports.size()) note("the kernel does not listen on all its ports after 60 s; registering it anyway");
         break;
       }
-      std::string why = "the kernel " + kernel.describe_exit() + " during startup (a port taken meanwhile?)";
+      std::string why;
       if (taken) {
         why = "port " + std::to_string(taken) + " was taken by another process before the kernel bound it";
         kernel.signal_group(SIGKILL);
         kernel.wait_for_exit(5000);
+      } else {
+        why = "the kernel " + kernel.describe_exit() + " during startup (a port taken meanwhile?)";
       }
       if (attempt == 3) throw std::runtime_error(why + ", 3 times");
       note(why + "; again on fresh ports");
