@@ -75,8 +75,7 @@ def logger(name, t0):
     return log_fn
 
 
-def log(*a):
-    print("[bench %6.1fs]" % (time.monotonic() - T_START), *a, file=sys.stderr, flush=True)
+log = logger("bench", T_START)
 
 
 def remaining():
