@@ -1,7 +1,6 @@
 // The daemon: owns the Asio context, the listener, the hub and the kernel manager.
 #include "server.hpp"
 
-#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -37,7 +36,6 @@ Server::Server(GatewayOptions opts)
       waiters_(ioc_, opts_.max_waiters),
       sweep_timer_(ioc_),
       cull_timer_(ioc_),
-      io_timer_(ioc_),
       discovery_(DiscoveryOptions{LocatorEnv::from_process(), opts_.default_kernel, opts_.discovery.interpreters},
                  DiscoveryService::Timing{opts_.discovery.watch_interval, opts_.discovery.rescan_interval,
                                           opts_.discovery.probe_timeout}),
@@ -151,7 +149,6 @@ void Server::run() {
   pool_->configure();  // the first warm kernels start once the catalog is known
   warn_default_kernel(opts_.default_kernel, "");
   arm_hup();
-  if (const char* h = std::getenv("KGATE_HOSTED_IO"); h && std::string_view(h) == "1") host_io();
   notify_ready(endpoint_, opts_.base_url);  // sd_notify READY=1; a no-op outside systemd
   // The last line of defence: a handler that throws is a bug (each HTTP request has its own
   // catch, HttpSession::on_read), but it must not stop the daemon and every kernel with it.
@@ -165,52 +162,6 @@ void Server::run() {
   }
 }
 
-void Server::host_io() {
-  int fd = ::dup(manager_->host());
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "dup");
-  io_desc_.emplace(ioc_, fd);
-  spdlog::info("the kernel I/O loop runs on the Asio thread (KGATE_HOSTED_IO)");
-  drive_io();
-}
-
-void Server::drive_io() {
-  if (!manager_->hosted()) return;
-  auto w = manager_->host_pass();
-  epoll_event ev;
-  if (w.again || ::epoll_wait(io_desc_->native_handle(), &ev, 1, 0) > 0) {
-    net::post(ioc_, [this] { drive_io(); });
-    return;
-  }
-  const auto due = std::chrono::steady_clock::now() + w.timeout;
-  if (due < io_armed_ - std::chrono::milliseconds(1) || io_armed_ <= std::chrono::steady_clock::now()) {
-    io_armed_ = due;
-    io_timer_.expires_at(due);
-    io_timer_.async_wait([this](beast::error_code ec) {
-      if (ec) return;
-      io_armed_ = std::chrono::steady_clock::time_point::max();
-      drive_io();
-    });
-  }
-  if (!io_waiting_) {
-    io_waiting_ = true;
-    io_desc_->async_wait(net::posix::stream_descriptor::wait_read, [this](beast::error_code ec) {
-      io_waiting_ = false;
-      if (ec) return;
-      drive_io();
-    });
-  }
-}
-
-void Server::unhost_io() {
-  if (!io_desc_) return;
-  beast::error_code ignored;
-  io_desc_->cancel(ignored);
-  io_desc_->close(ignored);
-  io_desc_.reset();
-  io_timer_.cancel();
-  manager_->unhost();
-}
-
 void Server::stop() {
   net::post(ioc_, [this] { on_signal({}, 0); });
 }
@@ -218,7 +169,6 @@ void Server::stop() {
 void Server::on_signal(beast::error_code ec, int sig) {
   if (ec || stopping_) return;
   stopping_ = true;
-  unhost_io();  // detach_all and shutdown_all wait on the kernel I/O loop
   const std::size_t pooled = pool_->stop();  // no refill from here on
   // SIGTERM (systemctl stop/restart, kill, `kgate stop`): the kernels stay for the next kgate.
   // SIGINT (^C, `kgate stop --kernels`) and stop(): they stop with kgate (docs/dev/readoption.md).

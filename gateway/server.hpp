@@ -11,7 +11,6 @@
 #include <set>
 #include <string>
 
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include "kgate/discovery/discovery.hpp"
@@ -107,14 +106,6 @@ class Server final : public Services {
   net::steady_timer cull_timer_;
   std::atomic<bool> poke_pending_{false};
   std::unique_ptr<KernelManager> manager_;
-  // The kernel I/O loop hosted on this thread (KGATE_HOSTED_IO=1; KernelManager::host).
-  std::optional<net::posix::stream_descriptor> io_desc_;
-  net::steady_timer io_timer_;
-  bool io_waiting_ = false;
-  std::chrono::steady_clock::time_point io_armed_ = std::chrono::steady_clock::time_point::max();
-  void host_io();
-  void drive_io();
-  void unhost_io();
   DiscoveryService discovery_;  // after ioc_: its callbacks post into it
   std::unique_ptr<WarmPool> pool_;
   std::unique_ptr<SessionStore> sessions_;

@@ -321,76 +321,27 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
 // ---------------------------------------------------------------------------------------
 // The loop
 
-void KernelManager::Impl::run_due() {
-  std::deque<std::function<void()>> work;
-  {
-    std::lock_guard lk(qmu);
-    work.swap(queue);
-  }
-  for (auto& fn : work) fn();
-  while (!timers.empty() && timers.top().when <= Clock::now()) {
-    auto fn = timers.top().fn;
-    timers.pop();
-    fn();
-  }
-  for (auto* o : observers) o->on_pass_end();
-}
-
 void KernelManager::Impl::run() {
   while (true) {
-    run_due();
+    std::deque<std::function<void()>> work;
+    {
+      std::lock_guard lk(qmu);
+      work.swap(queue);
+    }
+    for (auto& fn : work) fn();
+    while (!timers.empty() && timers.top().when <= Clock::now()) {
+      auto fn = timers.top().fn;
+      timers.pop();
+      fn();
+    }
+    for (auto* o : observers) o->on_pass_end();
     if (stopping.load() && io.empty()) {
       std::lock_guard lk(qmu);
       if (queue.empty()) return;
     }
-    if (leave_loop) return;
-    Gather g;
-    gather(g);
-    // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
-    // ready; the rechecks still run.
-    int rc = ::poll(g.fds.data(), g.fds.size(), int(g.timeout));
-    dispatch(g, rc);
+    poll_once();
     for (auto* o : observers) o->on_pass_end();
   }
-}
-
-KernelManager::HostWait KernelManager::Impl::host_pass() {
-  run_due();
-  {
-    Gather g;
-    gather(g);
-    int rc = ::poll(g.fds.data(), g.fds.size(), 0);
-    dispatch(g, rc);
-  }
-  for (auto* o : observers) o->on_pass_end();
-  // What to wait for next: the same set, in the epoll instance the host's reactor watches.
-  Gather g;
-  gather(g);
-  std::unordered_map<int, const void*> next;
-  next.reserve(g.fds.size());
-  for (std::size_t i = 0; i < g.fds.size(); ++i) {
-    const int fd = g.fds[i].fd;
-    if (fd < 0) continue;
-    next[fd] = g.keys[i];
-    auto it = host_reg.find(fd);
-    if (it != host_reg.end() && it->second == g.keys[i]) continue;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (it != host_reg.end()) ::epoll_ctl(host_epfd, EPOLL_CTL_DEL, fd, nullptr);
-    if (::epoll_ctl(host_epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
-      ::epoll_ctl(host_epfd, EPOLL_CTL_MOD, fd, &ev);
-  }
-  for (const auto& [fd, key] : host_reg)
-    if (!next.count(fd)) ::epoll_ctl(host_epfd, EPOLL_CTL_DEL, fd, nullptr);
-  host_reg.swap(next);
-  HostWait w;
-  {
-    std::lock_guard lk(qmu);
-    w.again = g.timeout == 0 || !queue.empty();
-  }
-  w.timeout = std::chrono::milliseconds(g.timeout);
-  return w;
 }
 
 // One pass: wait for a kernel socket, a kernel's exit, the wake eventfd or the next timer, then
@@ -402,20 +353,22 @@ KernelManager::HostWait KernelManager::Impl::host_pass() {
 // whose FD fired is read, to EAGAIN, which re-arms the FD for the next message.  libzmq may
 // take a message's signal in while sending on that socket, so a socket just sent on, or whose
 // read stopped at its bound, is read on the next pass without waiting (KernelIo::recheck).
-void KernelManager::Impl::gather(Gather& g) {
-  auto& fds = g.fds;
-  auto& slots = g.slots;
-  auto& keys = g.keys;
-  auto& rechecks = g.rechecks;
+void KernelManager::Impl::poll_once() {
+  struct Slot {
+    std::string id;
+    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
+  };
+  std::vector<pollfd> fds;
+  std::vector<Slot> slots;
+  std::vector<std::pair<std::string, std::uint8_t>> rechecks;
   const auto now = Clock::now();
   auto next_hold = Clock::time_point::max();
-  auto add = [&](int fd, std::string id, int kind, const void* key) {
-    fds.push_back({fd, POLLIN, 0});
-    slots.push_back({std::move(id), kind});
-    keys.push_back(key);
-  };
-  add(wake_fd, {}, 6, &wake_fd);
-  if (reg) add(reg->get(zmq::sockopt::fd), {}, 8, reg.get());
+  fds.push_back({wake_fd, POLLIN, 0});
+  slots.push_back({{}, 6});
+  if (reg) {
+    fds.push_back({reg->get(zmq::sockopt::fd), POLLIN, 0});
+    slots.push_back({{}, 8});
+  }
   for (auto& [id, kp] : io) {
     KernelIo& k = *kp;
     if (k.sockets_open()) {
@@ -432,11 +385,23 @@ void KernelManager::Impl::gather(Gather& g) {
       if (bits) rechecks.emplace_back(id, bits);
       zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
                                 k.hb.get()};
-      for (int i = 0; i < 5; ++i) add(i == 3 && held ? -1 : socks[i]->get(zmq::sockopt::fd), id, i, socks[i]);
+      for (int i = 0; i < 5; ++i) {
+        fds.push_back({i == 3 && held ? -1 : socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
+        slots.push_back({id, i});
+      }
     }
-    if (k.proc.running() && k.proc.exit_fd() >= 0) add(k.proc.exit_fd(), id, 5, &k.proc);
-    if (k.stdin_monitor) add(k.stdin_monitor->get(zmq::sockopt::fd), id, 7, k.stdin_monitor.get());
-    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0) add(k.tunnel.exit_fd(), id, 9, &k.tunnel);
+    if (k.proc.running() && k.proc.exit_fd() >= 0) {
+      fds.push_back({k.proc.exit_fd(), POLLIN, 0});
+      slots.push_back({id, 5});
+    }
+    if (k.stdin_monitor) {
+      fds.push_back({k.stdin_monitor->get(zmq::sockopt::fd), POLLIN, 0});
+      slots.push_back({id, 7});
+    }
+    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0) {
+      fds.push_back({k.tunnel.exit_fd(), POLLIN, 0});
+      slots.push_back({id, 9});
+    }
   }
   long timeout = 1000;
   auto next_due = std::min(next_hold, timers.empty() ? Clock::time_point::max() : timers.top().when);
@@ -446,18 +411,16 @@ void KernelManager::Impl::gather(Gather& g) {
     timeout = std::clamp<long>(d, 0, 1000);
   }
   // Without pidfds, exits are found by polling waitpid.
+  bool have_nopidfd = false;
   for (auto& [id, kp] : io)
-    if (kp->proc.running() && kp->proc.exit_fd() < 0) g.have_nopidfd = true;
-  if (g.have_nopidfd) timeout = std::min(timeout, 100L);
+    if (kp->proc.running() && kp->proc.exit_fd() < 0) have_nopidfd = true;
+  if (have_nopidfd) timeout = std::min(timeout, 100L);
   if (!rechecks.empty() || reg_recheck) timeout = 0;
-  g.timeout = timeout;
-}
 
-void KernelManager::Impl::dispatch(Gather& g, int rc) {
-  auto& fds = g.fds;
-  auto& slots = g.slots;
-  auto& rechecks = g.rechecks;
-  if (g.have_nopidfd) {
+  // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
+  // ready; the rechecks still run.
+  int rc = ::poll(fds.data(), fds.size(), int(timeout));
+  if (have_nopidfd) {
     std::vector<std::string> ids;
     for (auto& [id, kp] : io)
       if (kp->proc.running() && kp->proc.exit_fd() < 0) ids.push_back(id);

@@ -183,42 +183,14 @@ KernelManager::KernelManager(KernelOptions opts, std::filesystem::path runtime_d
   if (impl_->opts.host_session.empty()) impl_->opts.host_session = "kgate-" + new_hex_id();
   impl_->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (impl_->wake_fd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
-  impl_->start_thread();
-}
-
-void KernelManager::Impl::start_thread() {
-  leave_loop = false;
-  thread = std::thread([this] {
+  impl_->thread = std::thread([this] {
     pthread_setname_np(pthread_self(), "kgate-io");
     block_async_signals_in_this_thread();
-    run();
+    impl_->run();
   });
 }
 
-int KernelManager::host() {
-  if (impl_->host_epfd >= 0) return impl_->host_epfd;
-  impl_->post([this] { impl_->leave_loop = true; });
-  impl_->thread.join();
-  impl_->host_epfd = ::epoll_create1(EPOLL_CLOEXEC);
-  if (impl_->host_epfd < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
-  impl_->host_reg.clear();
-  return impl_->host_epfd;
-}
-
-KernelManager::HostWait KernelManager::host_pass() { return impl_->host_pass(); }
-
-bool KernelManager::hosted() const { return impl_->host_epfd >= 0; }
-
-void KernelManager::unhost() {
-  if (impl_->host_epfd < 0) return;
-  ::close(impl_->host_epfd);
-  impl_->host_epfd = -1;
-  impl_->host_reg.clear();
-  impl_->start_thread();
-}
-
 KernelManager::~KernelManager() {
-  unhost();
   shutdown_all();
   // Scheduler commands still out (a scancel at a DELETE): each is bounded by its run() timeout,
   // 60 s at most (sbatch, the ssh launch), so this wait outlasts every one of them.

@@ -33,7 +33,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -262,12 +261,6 @@ struct KernelManager::Impl {
   std::deque<std::function<void()>> queue;
   std::atomic<bool> stopping{false};
   std::thread thread;
-  // Hosting (KernelManager::host): the loop's passes run on the caller's thread, woken through
-  // host_epfd, which holds the fds a pass would poll. leave_loop ends kgate-io's loop for it.
-  bool leave_loop = false;
-  int host_epfd = -1;
-  std::unordered_map<int, const void*> host_reg;  // fd -> what it belongs to, as registered
-  void start_thread();
 
   mutable std::mutex kmu;
   std::map<std::string, KernelPtr> kernels;  // every live or dead kernel, by id
@@ -351,24 +344,8 @@ struct KernelManager::Impl {
     return it == io.end() ? nullptr : it->second.get();
   }
 
-  // The fds one pass waits on, what each is (Slot), and the sockets to read anyway.
-  struct Slot {
-    std::string id;
-    int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
-  };
-  struct Gather {
-    std::vector<pollfd> fds;
-    std::vector<Slot> slots;
-    std::vector<const void*> keys;  // the socket or process behind each fd, for host_reg
-    std::vector<std::pair<std::string, std::uint8_t>> rechecks;
-    bool have_nopidfd = false;
-    long timeout = 1000;
-  };
   void run();
-  void run_due();  // posted work, due timers, the observers' pass end
-  void gather(Gather& g);
-  void dispatch(Gather& g, int rc);
-  KernelManager::HostWait host_pass();
+  void poll_once();
   // Reads what `sock` has, up to its per-pass bound: the number of messages read.
   std::size_t on_readable(KernelIo& k, zmq::socket_t& sock, Channel ch);
   void read_iopub(KernelIo& k);

@@ -336,20 +336,6 @@ class KernelManager {
   // Entries whose kernel is gone are dropped.  Returns one line per entry, for the log.
   std::vector<std::string> adopt(std::vector<KernelTableEntry> entries);
 
-  // Hosting: the I/O loop's passes run on the caller's thread instead of kgate-io's, so a
-  // reactor (the gateway's Asio thread) drives them. host() ends kgate-io's loop and returns an
-  // epoll fd that is readable when a pass has work; the host then calls host_pass() whenever it
-  // is, and at the latest after the pass's `timeout`, or at once when `again`. unhost() gives
-  // the loop back to a new kgate-io thread (before a blocking call: detach_all, shutdown_all).
-  struct HostWait {
-    bool again = false;
-    std::chrono::milliseconds timeout{1000};
-  };
-  int host();
-  HostWait host_pass();
-  void unhost();
-  bool hosted() const;
-
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
