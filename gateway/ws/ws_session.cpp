@@ -163,48 +163,79 @@ void WsSession::refill() {
   }
 }
 
-// One message per write, as Beast writes them; when more than one is queued (a batch from the
-// hub), the socket is corked until the queue is empty, so the batch leaves in full segments:
-// one packet and one wake of the client for many messages, instead of one each (DEV.md §3).
+// A batch (more than one message queued, as the hub hands them over) is written as one: each
+// message but the last is framed and held (Websocket::hold_message: no I/O), and the last
+// one's write takes them all to the socket. So a batch costs one write and one pass of the
+// event loop, not one each (DEV.md §3). The held ones stay at the front of the queue until that
+// write is done, and count as delivered only then. A batch holds at most kHoldBytes of frames,
+// each at most kHoldOne; past that, the batch goes and the next one begins, with the socket
+// corked until the queue is empty, so the whole leaves in full segments.
+namespace {
+constexpr std::size_t kHoldOne = 64 * 1024;
+constexpr std::uint64_t kHoldBytes = 256 * 1024;
+
+Websocket::Buffers pieces_of(const WsGather& f) {
+  Websocket::Buffers pieces;
+  pieces.reserve(f.count());
+  for (std::size_t i = 0; i < f.count(); ++i) pieces.emplace_back(net::buffer(f.piece(i)));
+  return pieces;
+}
+}  // namespace
+
 void WsSession::do_write() {
+  // Nothing is held here: a batch's held messages always have its last write in flight.
   if (queue_.empty() || closing_) {
     uncork();
     return;
   }
-  if (!corked_ && queue_.size() > 1) {
-    ws_->cork(true);
-    corked_ = true;
-  }
-  writing_ = true;
-  const WsGather& f = queue_.front()->frame(proto_);
   if (!origin_read_) {
     origin_read_ = true;
     taken_origin_ = ws_->bytes_taken();
   }
+  while (queue_.size() > held_ + 1) {
+    const WsGather& f = queue_[held_]->frame(proto_);
+    const std::uint64_t wire = frame_wire_bytes(f.size());
+    if (f.size() > kHoldOne || held_wire_ + wire > kHoldBytes) break;
+    ws_->binary(f.binary());
+    if (!ws_->hold_message(pieces_of(f))) return finish();  // the stream failed: all of it is unsent
+    ++held_;
+    held_wire_ += wire;
+  }
+  if (!corked_ && queue_.size() > held_ + 1) {
+    ws_->cork(true);
+    corked_ = true;
+  }
+  writing_ = true;
+  const WsGather& f = queue_[held_]->frame(proto_);
   write_wire_ = frame_wire_bytes(f.size());
-  written_ = false;
-  Websocket::Buffers pieces;
-  pieces.reserve(f.count());
-  for (std::size_t i = 0; i < f.count(); ++i) pieces.emplace_back(net::buffer(f.piece(i)));
+  taken_ = 0;
   ws_->binary(f.binary());
-  ws_->async_write(std::move(pieces), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+  ws_->async_write(pieces_of(f), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
+}
+
+void WsSession::delivered(std::size_t n) {
+  for (std::size_t i = 0; i < n && !queue_.empty(); ++i) {
+    wire_written_ += frame_wire_bytes(queue_.front()->frame(proto_).size());
+    queued_bytes_ -= queue_.front()->bytes();
+    queue_.pop_front();
+  }
+  held_ = 0;
+  held_wire_ = 0;
 }
 
 void WsSession::on_write(beast::error_code ec, std::size_t n) {
   writing_ = false;
   server_.hub().counters().bytes_out += n;
-  if (ec && !written_) {
-    // Not (wholly) sent: the front stays in the queue, and so goes to the session's replay.
+  if (ec) {
+    // Not (wholly) sent. finish() asked the socket which of the batch it had taken all of
+    // (`taken_`; Beast says operation_aborted either way once the stream failed): those the
+    // client reads before kgate's FIN. The rest stay queued, and so go to the session's replay.
+    delivered(taken_);
     if (finished_) return detach();
     finish();
     return;
   }
-  // Sent; or cut short by finish() after the socket had taken all its bytes (Beast then says
-  // operation_aborted), which the client reads before kgate's FIN.
-  written_ = false;
-  wire_written_ += write_wire_;
-  queued_bytes_ -= queue_.front()->bytes();
-  queue_.pop_front();
+  delivered(held_ + 1);
   if (finished_) return detach();  // the connection ended while this write was in flight
   refill();
   if (closing_) {
@@ -220,6 +251,8 @@ Unsent WsSession::take_unsent() {
   Unsent u;
   u.msgs = std::move(queue_);
   queue_.clear();
+  held_ = 0;
+  held_wire_ = 0;
   for (auto& m : spill_) u.msgs.push_back(std::move(m));
   spill_.clear();
   queued_bytes_ = spill_bytes_ = 0;
@@ -230,18 +263,23 @@ Unsent WsSession::take_unsent() {
 }
 
 Unsent WsSession::replace() {
-  // A write in flight may or may not reach the old client; it is counted as delivered and
-  // stays in the old queue until its write completes.
-  OutPtr in_flight;
-  if (writing_ && !queue_.empty()) {
-    in_flight = std::move(queue_.front());
-    queue_.pop_front();
-  }
+  // A write in flight (with the batch it takes) may or may not reach the old client; it is
+  // counted as delivered and stays in the old queue until its write completes.
+  std::deque<OutPtr> in_flight;
+  const std::size_t held = held_;
+  const std::uint64_t held_wire = held_wire_;
+  if (writing_)
+    for (std::size_t i = 0; i <= held && !queue_.empty(); ++i) {
+      in_flight.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
   Unsent u = take_unsent();
-  if (in_flight) {
-    queued_bytes_ = in_flight->bytes();
-    queue_.push_back(std::move(in_flight));
+  for (auto& m : in_flight) {
+    queued_bytes_ += m->bytes();
+    queue_.push_back(std::move(m));
   }
+  held_ = held;
+  held_wire_ = held_wire;
   attached_ = false;  // the new connection owns the route now
   close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
   return u;
@@ -277,14 +315,23 @@ void WsSession::finish() {
   // A write in flight ends now.  Its bytes may all have gone to the socket already (its completion
   // queued behind the read error that brought us here), and then the client reads them before
   // kgate's FIN; but Beast ends it with operation_aborted either way once the stream has failed.
-  // So the socket's own count says which (written_, on plain TCP), and on_write detaches then:
-  // a message the client got is not also counted as unsent (replayed twice, or reported dropped).
+  // So the socket's own count says how many of the batch went whole (taken_, on plain TCP), and
+  // on_write detaches then: a message the client got is not also counted as unsent (replayed
+  // twice, or reported dropped).
   if (writing_ && taken_origin_) {
     // The pongs are counted as sent, though one may still wait behind this write: the count
-    // for this write is then too low, and a write that went whole is replayed, as before.
+    // for this write is then too low, and a message that went whole is replayed, as before.
     const auto now = ws_->bytes_taken();
     const std::uint64_t before = *taken_origin_ + wire_written_ + pong_wire_;
-    written_ = now && *now >= before && *now - before >= write_wire_;
+    if (now && *now >= before) {
+      const std::uint64_t took = *now - before;
+      std::uint64_t sum = 0;
+      for (std::size_t i = 0; i <= held_ && i < queue_.size(); ++i) {
+        sum += i == held_ ? write_wire_ : frame_wire_bytes(queue_[i]->frame(proto_).size());
+        if (sum > took) break;
+        taken_ = i + 1;
+      }
+    }
   }
   ws_->close_transport();
   if (!writing_) detach();

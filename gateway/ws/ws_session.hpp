@@ -1,7 +1,7 @@
 // One websocket connection to /api/kernels/{id}/channels.
 //
 // Threading: lives on the gateway's single Asio thread, like the hub.  Writes: one
-// async_write at a time from `queue_`, bounded by GatewayOptions::client_queue_bytes and
+// async_write at a time from `queue_` (a batch of queued messages in one: do_write), bounded by GatewayOptions::client_queue_bytes and
 // client_queue_messages.  Past that bound a slow reader's messages wait in `spill_`, bounded
 // by replay_bytes/replay_messages (the oldest dropped and counted); they move into the queue
 // as it drains, so order is kept and nothing is sent twice.  If the spill had to drop, the
@@ -59,7 +59,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   bool fits(const OutPtr& m) const;
   void uncork();
 
-  std::deque<OutPtr> queue_;  // front is being written while writing_
+  std::deque<OutPtr> queue_;  // the held ones (held_), then the one being written while writing_
   std::size_t queued_bytes_ = 0;
   std::deque<OutPtr> spill_;  // waiting for room in queue_
   std::size_t spill_bytes_ = 0;
@@ -69,14 +69,19 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   bool writing_ = false;
   // What the socket has taken, for finish(): its count (Websocket::bytes_taken) before the first
   // message, read once; the wire bytes of the messages written since and of the pongs Beast may
-  // have sent; the size of the write in flight.  finish() sets `written_` when the socket had
-  // taken all of that write.  Counted, not read per write: a reading costs two syscalls.
+  // have sent; the size of the write in flight.  finish() sets `taken_`: how many of the batch
+  // the socket had taken whole.  Counted, not read per write: a reading costs two syscalls.
   std::optional<std::uint64_t> taken_origin_;
   bool origin_read_ = false;
   std::uint64_t wire_written_ = 0;
   std::uint64_t pong_wire_ = 0;
   std::size_t write_wire_ = 0;
-  bool written_ = false;
+  std::size_t taken_ = 0;  // finish(): how many of the batch in flight the socket took whole
+  // The batch (do_write): the first held_ messages of the queue are framed and held
+  // (Websocket::hold_message), held_wire_ bytes, until the write of the one after them takes them.
+  std::size_t held_ = 0;
+  std::uint64_t held_wire_ = 0;
+  void delivered(std::size_t n);  // the first n of the queue reached the socket
   bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)
   bool attached_ = false;  // owns its route in the hub (false once replaced)
   bool counted_ = false;   // the hub counts this connection: detach() exactly once

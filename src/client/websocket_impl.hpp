@@ -24,6 +24,92 @@ namespace kgate::client {
 // tcp_sent.cpp: what a TCP socket has taken from its writer (bytes_taken).
 std::optional<std::uint64_t> tcp_bytes_taken(int fd);
 
+// The layer between Beast's websocket::stream and the transport, which can hold a batch of
+// messages back: a synchronous write on it keeps its bytes here (no I/O, nothing waits), and the
+// next asynchronous write hands what was held and its own bytes to the transport in one
+// gathered write. So Beast still frames every message, and a batch costs one write on the socket
+// and one pass of the event loop instead of one each (Websocket::hold_message). Reads, and
+// asynchronous writes while nothing is held, go straight through.
+template <class Next>
+class Holding {
+ public:
+  using next_layer_type = Next;
+  using executor_type = typename Next::executor_type;
+
+  template <class... Args>
+  explicit Holding(Args&&... args) : next_(std::forward<Args>(args)...) {}
+
+  Next& next_layer() { return next_; }
+  const Next& next_layer() const { return next_; }
+  executor_type get_executor() { return next_.get_executor(); }
+
+  template <class Buffers, class Handler>
+  auto async_read_some(const Buffers& b, Handler&& h) {
+    return next_.async_read_some(b, std::forward<Handler>(h));
+  }
+  template <class Buffers>
+  std::size_t read_some(const Buffers& b, beast::error_code& ec) {
+    return next_.read_some(b, ec);
+  }
+  template <class Buffers>
+  std::size_t read_some(const Buffers& b) {
+    return next_.read_some(b);
+  }
+
+  // Holds the bytes, for the next asynchronous write.
+  template <class Buffers>
+  std::size_t write_some(const Buffers& b, beast::error_code& ec) {
+    ec = {};
+    for (auto piece : beast::buffers_range_ref(b)) held_.append(static_cast<const char*>(piece.data()), piece.size());
+    return net::buffer_size(b);
+  }
+  template <class Buffers>
+  std::size_t write_some(const Buffers& b) {
+    beast::error_code ec;
+    return write_some(b, ec);
+  }
+
+  template <class Buffers, class Handler>
+  auto async_write_some(const Buffers& b, Handler&& handler) {
+    return net::async_initiate<Handler, void(beast::error_code, std::size_t)>(
+        [this](auto h, const Buffers& bufs) { write_some_async(bufs, std::move(h)); }, handler, b);
+  }
+
+ private:
+  template <class Buffers, class H>
+  void write_some_async(const Buffers& b, H h) {
+    if (held_.empty()) return next_.async_write_some(b, std::move(h));
+    // What was held, then these bytes, in one write; the handler hears of its own bytes only.
+    const std::size_t n = net::buffer_size(b);
+    sending_.swap(held_);
+    held_.clear();
+    pieces_.clear();
+    pieces_.push_back(net::buffer(sending_));
+    for (auto piece : beast::buffers_range_ref(b)) pieces_.push_back(piece);
+    net::async_write(next_, pieces_, [this, n, h = std::move(h)](beast::error_code ec, std::size_t) mutable {
+      sending_.clear();
+      std::move(h)(ec, ec ? 0 : n);
+    });
+  }
+
+  Next next_;
+  std::string held_, sending_;
+  std::vector<net::const_buffer> pieces_;
+};
+
+// Beast's websocket closes through its next layer's teardown: this one's is its transport's.
+template <class Next>
+void teardown(beast::role_type role, Holding<Next>& s, beast::error_code& ec) {
+  using beast::websocket::teardown;
+  teardown(role, s.next_layer(), ec);
+}
+
+template <class Next, class TeardownHandler>
+void async_teardown(beast::role_type role, Holding<Next>& s, TeardownHandler&& handler) {
+  using beast::websocket::async_teardown;
+  async_teardown(role, s.next_layer(), std::forward<TeardownHandler>(handler));
+}
+
 template <class Next>
 class WebsocketOver final : public Websocket {
  public:
@@ -61,6 +147,11 @@ class WebsocketOver final : public Websocket {
       if (sock.is_open()) ::setsockopt(sock.native_handle(), IPPROTO_TCP, TCP_CORK, &v, sizeof v);
     }
   }
+  bool hold_message(const Buffers& data) override {
+    beast::error_code ec;
+    ws_.write(data, ec);
+    return !ec;
+  }
   void on_ping(std::function<void(std::size_t)> f) override {
     if (!f) return ws_.control_callback();
     ws_.control_callback([f = std::move(f)](websocket::frame_type t, beast::string_view payload) {
@@ -79,7 +170,7 @@ class WebsocketOver final : public Websocket {
 
  private:
   std::shared_ptr<ssl::context> tls_;
-  websocket::stream<Next> ws_;
+  websocket::stream<Holding<Next>> ws_;
 };
 
 // Not connected client sockets, one per unit.

@@ -17,7 +17,7 @@ template <class Ws>
 void async_open_websocket(Ws& ws, tcp::resolver& resolver, const Endpoint& ep, std::string target,
                           std::string subprotocol, std::chrono::milliseconds timeout,
                           std::function<void(beast::error_code, std::string, std::string)> done) {
-  async_open(ws.next_layer(), resolver, ep, timeout,
+  async_open(ws.next_layer().next_layer(), resolver, ep, timeout,
              [&ws, &ep, target = std::move(target), subprotocol = std::move(subprotocol),
               done](beast::error_code oec, std::string open_error) mutable {
                if (oec) return done(oec, std::move(open_error), "");

@@ -101,6 +101,12 @@ class Websocket {
   // each.  Whoever turns it on must turn it off when its batch is written (Linux sends a
   // corked remainder after 200 ms anyway).
   virtual void cork(bool on) = 0;
+  // Frames one message (text or binary, as set) and keeps its bytes, with no I/O: the next
+  // async_write (a message or a close frame) takes them to the socket ahead of its own, in one
+  // write. So a batch of N messages costs the socket one write and the event loop one pass, not
+  // N. A held message has reached the socket only when that write is done. False when the
+  // stream has failed.
+  virtual bool hold_message(const Buffers& data) = 0;
   // On a plain TCP transport, the count of bytes its socket has taken from kgate so far, from an
   // arbitrary origin (tcp_bytes_taken, two syscalls): two readings tell what was handed to the
   // socket in between, which Beast does not (a write in flight when the stream fails ends with
