@@ -1,10 +1,11 @@
 // One websocket connection to /api/kernels/{id}/channels.
 //
 // Threading: lives on the gateway's single Asio thread, like the hub.  Writes: one
-// async_write at a time from `queue_` (a batch of queued messages in one: do_write), bounded by GatewayOptions::client_queue_bytes and
-// client_queue_messages.  Past that bound a slow reader's messages wait in `spill_`, bounded
-// by replay_bytes/replay_messages (the oldest dropped and counted); they move into the queue
-// as it drains, so order is kept and nothing is sent twice.  If the spill had to drop, the
+// async_write at a time from `queue_` (a batch of queued messages in one: do_write), bounded by
+// GatewayOptions::client_queue_bytes and client_queue_messages.  Past that bound a slow
+// reader's messages wait in `spill_`, bounded by replay_bytes/replay_messages (the oldest
+// dropped and counted); they move into the queue as it drains, so order is kept and nothing is
+// sent twice.  If the spill had to drop, the
 // client gets a "[kgate] N message(s) dropped" stderr note where the gap is.  Nothing is
 // dropped while the client keeps up; the connection is never closed for being slow (a client
 // that stops answering pings is closed by the websocket idle timeout, and its unsent
@@ -58,6 +59,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   Unsent take_unsent();
   bool fits(const OutPtr& m) const;
   void uncork();
+  void delivered(std::size_t n);  // the first n of the queue reached the socket
 
   std::deque<OutPtr> queue_;  // the held ones (held_), then the one being written while writing_
   std::size_t queued_bytes_ = 0;
@@ -81,7 +83,6 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   // (Websocket::hold_message), held_wire_ bytes, until the write of the one after them takes them.
   std::size_t held_ = 0;
   std::uint64_t held_wire_ = 0;
-  void delivered(std::size_t n);  // the first n of the queue reached the socket
   bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)
   bool attached_ = false;  // owns its route in the hub (false once replaced)
   bool counted_ = false;   // the hub counts this connection: detach() exactly once

@@ -81,8 +81,7 @@ class Holding {
     if (held_.empty()) return next_.async_write_some(b, std::move(h));
     // What was held, then these bytes, in one write; the handler hears of its own bytes only.
     const std::size_t n = net::buffer_size(b);
-    sending_.swap(held_);
-    held_.clear();
+    sending_.swap(held_);  // held_ takes sending_'s empty buffer, capacity and all
     pieces_.clear();
     pieces_.push_back(net::buffer(sending_));
     for (auto piece : beast::buffers_range_ref(b)) pieces_.push_back(piece);
