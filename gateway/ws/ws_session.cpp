@@ -192,14 +192,15 @@ void WsSession::do_write() {
     origin_read_ = true;
     taken_origin_ = ws_->bytes_taken();
   }
+  std::uint64_t held_wire = 0;
   while (queue_.size() > held_ + 1) {
     const WsGather& f = queue_[held_]->frame(proto_);
     const std::uint64_t wire = frame_wire_bytes(f.size());
-    if (f.size() > kHoldOne || held_wire_ + wire > kHoldBytes) break;
+    if (f.size() > kHoldOne || held_wire + wire > kHoldBytes) break;
     ws_->binary(f.binary());
     if (!ws_->hold_message(pieces_of(f))) return finish();  // the stream failed: all of it is unsent
     ++held_;
-    held_wire_ += wire;
+    held_wire += wire;
   }
   if (!corked_ && queue_.size() > held_ + 1) {
     ws_->cork(true);
@@ -207,7 +208,6 @@ void WsSession::do_write() {
   }
   writing_ = true;
   const WsGather& f = queue_[held_]->frame(proto_);
-  write_wire_ = frame_wire_bytes(f.size());
   taken_ = 0;
   ws_->binary(f.binary());
   ws_->async_write(pieces_of(f), beast::bind_front_handler(&WsSession::on_write, shared_from_this()));
@@ -220,7 +220,6 @@ void WsSession::delivered(std::size_t n) {
     queue_.pop_front();
   }
   held_ = 0;
-  held_wire_ = 0;
 }
 
 void WsSession::on_write(beast::error_code ec, std::size_t n) {
@@ -252,7 +251,6 @@ Unsent WsSession::take_unsent() {
   u.msgs = std::move(queue_);
   queue_.clear();
   held_ = 0;
-  held_wire_ = 0;
   for (auto& m : spill_) u.msgs.push_back(std::move(m));
   spill_.clear();
   queued_bytes_ = spill_bytes_ = 0;
@@ -267,7 +265,6 @@ Unsent WsSession::replace() {
   // counted as delivered and stays in the old queue until its write completes.
   std::deque<OutPtr> in_flight;
   const std::size_t held = held_;
-  const std::uint64_t held_wire = held_wire_;
   if (writing_)
     for (std::size_t i = 0; i <= held && !queue_.empty(); ++i) {
       in_flight.push_back(std::move(queue_.front()));
@@ -279,7 +276,6 @@ Unsent WsSession::replace() {
     queue_.push_back(std::move(m));
   }
   held_ = held;
-  held_wire_ = held_wire;
   attached_ = false;  // the new connection owns the route now
   close(websocket::close_code::policy_error, "kgate: replaced by a newer connection with the same session_id");
   return u;
@@ -327,7 +323,7 @@ void WsSession::finish() {
       const std::uint64_t took = *now - before;
       std::uint64_t sum = 0;
       for (std::size_t i = 0; i <= held_ && i < queue_.size(); ++i) {
-        sum += i == held_ ? write_wire_ : frame_wire_bytes(queue_[i]->frame(proto_).size());
+        sum += frame_wire_bytes(queue_[i]->frame(proto_).size());
         if (sum > took) break;
         taken_ = i + 1;
       }

@@ -71,18 +71,16 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   bool writing_ = false;
   // What the socket has taken, for finish(): its count (Websocket::bytes_taken) before the first
   // message, read once; the wire bytes of the messages written since and of the pongs Beast may
-  // have sent; the size of the write in flight.  finish() sets `taken_`: how many of the batch
-  // the socket had taken whole.  Counted, not read per write: a reading costs two syscalls.
+  // have sent.  finish() sets `taken_`: how many of the batch the socket had taken whole.
+  // Counted, not read per write: a reading costs two syscalls.
   std::optional<std::uint64_t> taken_origin_;
   bool origin_read_ = false;
   std::uint64_t wire_written_ = 0;
   std::uint64_t pong_wire_ = 0;
-  std::size_t write_wire_ = 0;
   std::size_t taken_ = 0;  // finish(): how many of the batch in flight the socket took whole
   // The batch (do_write): the first held_ messages of the queue are framed and held
-  // (Websocket::hold_message), held_wire_ bytes, until the write of the one after them takes them.
+  // (Websocket::hold_message) until the write of the one after them takes them.
   std::size_t held_ = 0;
-  std::uint64_t held_wire_ = 0;
   bool corked_ = false;    // TCP_CORK on while a batch of queued messages is written (do_write)
   bool attached_ = false;  // owns its route in the hub (false once replaced)
   bool counted_ = false;   // the hub counts this connection: detach() exactly once
