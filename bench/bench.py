@@ -10,7 +10,8 @@ Environment:
   BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, median reported (default 3)
   BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
   BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by one
-                 `wsclient.py interleaved` run per gateway (default 2)
+                 `wsclient.py interleaved` run per gateway and one `wsclient.py relayed` run
+                 (bench/relay.py, a relay that does nothing) (default 2)
   BENCH_PAIRS    kernel pairs in each interleaved run (default 4)
   BENCH_COLD     kgate cold starts, median reported (default 5)
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
@@ -537,7 +538,7 @@ def main():
                   "client": os.path.relpath(CLIENT, _REPO), "versions": versions(),
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
-         "direct": {"latency": [], "flood_rounds": []},
+         "direct": {"latency": [], "flood_rounds": []}, "relay": {"interleaved": []},
          "peer": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []},
          "kgate": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
     live = []          # servers to stop in the end
@@ -619,6 +620,11 @@ def main():
                              ["interleaved", srv.url, srv.token, N, "--pairs", PAIRS], 240, srv)
                     if r:
                         R["peer" if srv is peer else "kgate"]["interleaved"].append(r)
+            # the floor of any gateway process: a relay that does nothing (bench/relay.py), the same way
+            log("interleaved rep %d/%d: a relay that does nothing and direct ZMQ, %d pairs of kernels" % (rep + 1, REPS, PAIRS))
+            r = step("relay interleaved", run_client, bench_env, tmp, ["relayed", N, "--pairs", PAIRS], 240)
+            if r:
+                R["relay"]["interleaved"].append(r)
 
         # 4. floods
         log("flood %d MB: direct" % MB)
@@ -773,6 +779,8 @@ def summarize(R):
         ("execute round trip, interleaved with direct ZMQ, median (µs)", "int",
          _mid(k["interleaved"], "direct_median_us"), _mid(p["interleaved"], "gateway_median_us"), _mid(k["interleaved"], "gateway_median_us")),
         ("the same, gateway / direct ZMQ in one interleaved run (×)", "3", None, _ratio(p["interleaved"]), _ratio(k["interleaved"])),
+        # in the floor's column: what a relay that does nothing (bench/relay.py) adds the same way
+        ("the same, a relay that does nothing (libzmq's zmq_proxy) / direct ZMQ (×)", "3", _ratio(R["relay"]["interleaved"]), None, None),
         ("gateway CPU over one latency run (ms)", "int", None, cpu_lat(p["latency"]), cpu_lat(k["latency"])),
         ("%d MB flood, seconds (peer: unlimited)" % MB, "s", df.get("seconds"), pu.get("seconds"), kf.get("seconds")),
         ("%d MB flood, bytes received (peer: unlimited)" % MB, "int", df.get("received_bytes"), pu.get("received_bytes"), kf.get("received_bytes")),

@@ -10,6 +10,7 @@ usage: wsclient.py direct N [--store-history]
        wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check]
        wsclient.py prints URL TOKEN COUNT [--kernel NAME] [--no-utf8-check]
        wsclient.py interleaved URL TOKEN N [--kernel NAME] [--pairs K]
+       wsclient.py relayed N [--pairs K]
 
 direct, direct-flood, direct-prints
                       start a python3 kernel with jupyter_client's KernelManager and talk to its
@@ -22,6 +23,9 @@ interleaved           K pairs of kernels (default 4), one after the other: one t
                       each pair, alternating request by request, the first of each two taking
                       turns. So drift hits both alike, and K kernel processes on each side even
                       out what one kernel process differs from another.
+relayed               as interleaved, with bench/relay.py (libzmq's zmq_proxy, a relay that does
+                      nothing) between the client and its own kernel in place of the gateway:
+                      the floor of any gateway process's round trip on this machine.
 
 A round trip is one execute_request for `1+1`, from sending it until both its execute_reply and
 the iopub `status: idle` that it caused have arrived. Once the kernel answers kernel_info, 20
@@ -36,9 +40,9 @@ Every execute_request asks for store_history=False unless --store-history is giv
 --no-utf8-check turns off websocket-client's pure-Python UTF-8 check of text frames, which
 otherwise costs the client more than the gateway costs (see bench/README.md).
 
-Prints one JSON line: interleaved {"mode", "n", "pairs", "warmup", "direct_median_us",
+Prints one JSON line: interleaved and relayed {"mode", "n", "pairs", "warmup", "direct_median_us",
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
-over all pairs' round trips), "pair_ratios"}; latency modes {"mode", "n", "warmup", "median_us",
+over all pairs' round trips), "pair_ratios"}, where relayed's gateway_* are the relay's; latency modes {"mode", "n", "warmup", "median_us",
 "p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes",
 "received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes {"mode", "count",
 "printed_bytes", "received_bytes", "received_messages", "seconds", "messages_per_s",
@@ -51,10 +55,12 @@ stderr.
 import argparse
 import datetime
 import json
+import os
 import select
 import signal
 import socket
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -66,6 +72,7 @@ MESSAGE_TIMEOUT = 60.0   # the longest wait for a round trip's reply and idle
 CELL_TIMEOUT = 600.0     # the same for the flood and prints cells
 IDLE_GRACE = 10.0        # how long the idle may trail the reply: a server that lost it (jupyter_server
                          # can drop iopub messages even with its rate limits off) ends the wait then
+RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 LINE = 1023              # characters of `x` on each flood line, plus its newline
 
 
@@ -201,6 +208,42 @@ class DirectKernel:
             sock.close(linger=0)
         if not self.attached:
             self.km.shutdown_kernel(now=True)
+
+
+class RelayedKernel:
+    """A kernel of our own behind bench/relay.py: a direct client of the relay's ports."""
+
+    def __init__(self):
+        from jupyter_client.manager import KernelManager
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel()
+        self.relay = self.client = None
+        try:
+            relayed = os.path.splitext(self.km.connection_file)[0] + "-relayed.json"
+            # the relay ends when its stdin closes: at close(), or when this process dies
+            self.relay = subprocess.Popen([sys.executable, RELAY, self.km.connection_file, relayed],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            line = self.relay.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError("bench/relay.py did not start (exit %s)" % self.relay.wait())
+            self.client = DirectKernel(False, connection_file=relayed)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self):
+        self.client.wait_ready()
+
+    def execute(self, code, timeout=MESSAGE_TIMEOUT):
+        return self.client.execute(code, timeout)
+
+    def close(self):
+        if self.client:
+            self.client.close()
+        if self.relay:
+            self.relay.stdin.close()
+            self.relay.wait()
+        self.km.shutdown_kernel(now=True)
 
 
 class GatewayKernel:
@@ -398,6 +441,9 @@ def parse_args(argv):
     d.add_argument("megabytes", type=int)
     d = sub.add_parser("direct-prints", help="COUNT small prints over raw ZMQ")
     d.add_argument("count", type=int)
+    d = sub.add_parser("relayed", help="N round trips through a relay that does nothing, interleaved with direct ones")
+    d.add_argument("n", type=int)
+    d.add_argument("--pairs", type=int, default=4, help="pairs of kernels (default 4)")
     for name, what in (("gateway", "n"), ("flood", "megabytes"), ("prints", "count"), ("interleaved", "n")):
         g = sub.add_parser(name, help="through a gateway's websocket")
         g.add_argument("url")
@@ -416,10 +462,13 @@ def parse_args(argv):
 def main(argv):
     a = parse_args(argv)
     signal.signal(signal.SIGTERM, on_sigterm)
-    if a.mode == "interleaved":
+    if a.mode in ("interleaved", "relayed"):
         if a.n < 1 or not 1 <= a.pairs <= a.n:
-            raise ValueError("interleaved needs N >= 1 and 1 <= --pairs <= N")
-        result = measure_interleaved(lambda: GatewayKernel(a.url, a.token, a.kernel, False), a.n, a.pairs)
+            raise ValueError("%s needs N >= 1 and 1 <= --pairs <= N" % a.mode)
+        if a.mode == "relayed":
+            result = dict(measure_interleaved(RelayedKernel, a.n, a.pairs), mode="relayed")
+        else:
+            result = measure_interleaved(lambda: GatewayKernel(a.url, a.token, a.kernel, False), a.n, a.pairs)
         print(json.dumps(result), flush=True)
         return 0
     if a.mode in ("direct", "direct-flood", "direct-prints"):

@@ -58,6 +58,8 @@ def test_bench_runs_from_a_clone_in_another_folder(kgate_bin, tmp_path):
     assert all(number.match(v) for v in interleaved), report
     ratios = _row(out, "the same, gateway / direct ZMQ in one interleaved run (×)")[2:4]
     assert all(number.match(v) and float(v) > 0 for v in ratios), report
+    relay = _row(out, "the same, a relay that does nothing (libzmq's zmq_proxy) / direct ZMQ (×)")[1]
+    assert number.match(relay) and float(relay) > 0, report
     received = _row(out, "1 MB flood, bytes received (peer: unlimited)")[1:4]
     assert received == ["1,048,576"] * 3, report
     fast = _row(out, "1 MB flood, bytes, client UTF-8 check off, fewest of the rounds (peer: unlimited)")[1:4]
