@@ -172,8 +172,11 @@ struct KernelOptions {
   std::chrono::milliseconds close_grace{2000};         // the kernel side's close: a cell's, a task's end
   std::chrono::milliseconds shutdown_grace{2500};      // shutdown_request -> SIGTERM
   std::chrono::milliseconds terminate_grace{2500};     // SIGTERM -> SIGKILL
-  std::chrono::milliseconds heartbeat_interval{1000};  // hb ping period
-  int heartbeat_misses = 3;                             // missed pings -> "unresponsive" log
+  // hb ping period, and missed pings in a row -> "unresponsive": 4-6 s of silence.  The pings are
+  // most of what an idle kernel costs kgate (docs/dev/kernel-lifecycle.md); death itself is seen
+  // through the pidfd, not the heartbeat.
+  std::chrono::milliseconds heartbeat_interval{2000};
+  int heartbeat_misses = 2;
   // A kernel streaming output (16 small iopub messages in a row, each within 2 ms of the one
   // before, no status between) has its iopub read once per this long instead of once per
   // message, until a status, a large message or a read that finds nothing; a lone message is
