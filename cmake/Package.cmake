@@ -45,6 +45,9 @@ set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${CMAKE_MATCH_1}")
 set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# dlopen'd by kgate-mcp and kgate's /mcp at the first HTML output (translator/mcp/render.cpp),
+# so dpkg-shlibdeps does not see it.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libxml2 (>= 2.9)")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "python3-ipykernel")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-jupyter-client, jupyter-console")
 set(CPACK_STRIP_FILES ON)  # the symbol tables stay in the build folder's programs

@@ -105,6 +105,7 @@ def test_the_package_installs_serves_an_agent_and_removes_cleanly(build, release
     depends = field(release, "Depends")
     for lib in ("libzmq5", "libssl3", "libstdc++6", "libc6"):  # dpkg-shlibdeps, from the programs' links
         assert lib in depends, depends
+    assert "libxml2 (>= 2.9)" in depends, depends  # opened at run time (render.cpp), so named by hand
     assert field(release, "Recommends") == "python3-ipykernel"
     # No maintainer script: installing enables and starts nothing, for any user.
     members = subprocess.run(f"dpkg-deb --ctrl-tarfile {release} | tar -t", shell=True, capture_output=True,

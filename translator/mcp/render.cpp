@@ -5,9 +5,10 @@
 #include <array>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <regex>
+#include <type_traits>
 
+#include <dlfcn.h>
 #include <libxml/HTMLparser.h>
 #include <libxml/tree.h>
 #include <openssl/evp.h>
@@ -446,10 +447,14 @@ void HtmlText::element(const xmlNode* n, int depth) {
     return;
   }
   if (name == "img") {
-    if (xmlChar* alt = xmlGetProp(n, reinterpret_cast<const xmlChar*>("alt"))) {
-      const std::string_view a = reinterpret_cast<const char*>(alt);
-      if (!blank(a)) text("[" + std::string(a) + "]");
-      xmlFree(alt);
+    // The attribute's text nodes, read in place (the HTML parser has put its entities in them).
+    for (const xmlAttr* a = n->properties; a; a = a->next) {
+      if (!a->name || std::string_view(reinterpret_cast<const char*>(a->name)) != "alt") continue;
+      std::string alt;
+      for (const xmlNode* t = a->children; t; t = t->next)
+        if (t->type == XML_TEXT_NODE && t->content) alt += reinterpret_cast<const char*>(t->content);
+      if (!blank(alt)) text("[" + alt + "]");
+      break;
     }
     return;
   }
@@ -527,24 +532,74 @@ std::string HtmlText::finish() {
   return out;
 }
 
+// libxml2, opened when the first HTML output comes and not at start: with the ICU, zlib and
+// liblzma it brings, loading it was about 3 ms of kgate-mcp's start and 3 MB of its memory
+// (bench/README.md).  Its package stays a dependency (cmake/Package.cmake).
+struct LibXml {
+  void* handle = nullptr;
+  void (*init_parser)() = nullptr;
+  htmlDocPtr (*read_memory)(const char*, int, const char*, const char*, int) = nullptr;
+  void (*free_doc)(xmlDocPtr) = nullptr;
+  std::string error;  // why it could not be opened; "" when it was
+};
+
+LibXml open_libxml(const char* soname) {
+  LibXml x;
+  x.handle = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+  if (!x.handle) {
+    const char* e = dlerror();
+    x.error = e ? e : std::string(soname) + ": cannot be opened";
+    return x;
+  }
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(x.handle, name));
+    if (!fn && x.error.empty()) x.error = std::string(soname) + " has no " + name;
+  };
+  sym(x.init_parser, "xmlInitParser");
+  sym(x.read_memory, "htmlReadMemory");
+  sym(x.free_doc, "xmlFreeDoc");
+  if (!x.error.empty()) {
+    dlclose(x.handle);
+    x.handle = nullptr;
+  }
+  return x;
+}
+
+const LibXml& libxml() {
+  static const LibXml x = [] {
+    LibXml l = open_libxml(kLibXmlSoname);
+    if (l.error.empty()) l.init_parser();
+    return l;
+  }();
+  return x;
+}
+
 }  // namespace
 
+std::string libxml_error(const char* soname) {
+  LibXml x = open_libxml(soname);
+  if (x.handle) dlclose(x.handle);
+  return x.error;
+}
+
 std::string html_to_text(std::string_view html) {
-  static std::once_flag init;
-  std::call_once(init, [] { xmlInitParser(); });
+  const LibXml& xml = libxml();
   std::size_t cut = std::min(html.size(), kMaxHtmlBytes);
   while (cut < html.size() && cut > 0 && continuation(html[cut])) --cut;  // not inside a character
   const std::string src = valid_utf8(html.substr(0, cut));
   std::string rest;
   if (cut < html.size()) rest = "[… " + std::to_string(html.size() - cut) + " more bytes of HTML not shown …]";
   std::string text;
-  if (!blank(src)) {
-    htmlDocPtr doc = htmlReadMemory(src.data(), int(src.size()), nullptr, "UTF-8",
-                                    HTML_PARSE_RECOVER | HTML_PARSE_NOERROR | HTML_PARSE_NOWARNING | HTML_PARSE_NONET);
+  if (!xml.error.empty()) {
+    // Without libxml2 the HTML itself, which a model can read too, and why.
+    text = "[HTML shown as it is: " + xml.error + "]\n" + src;
+  } else if (!blank(src)) {
+    htmlDocPtr doc = xml.read_memory(src.data(), int(src.size()), nullptr, "UTF-8",
+                                     HTML_PARSE_RECOVER | HTML_PARSE_NOERROR | HTML_PARSE_NOWARNING | HTML_PARSE_NONET);
     if (doc) {
       HtmlText walker;
       walker.visit(doc->children, 0);
-      xmlFreeDoc(doc);
+      xml.free_doc(doc);
       text = walker.finish();
     }
   }

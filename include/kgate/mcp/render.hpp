@@ -38,7 +38,14 @@ struct RenderOptions {
 // table cells are joined by " | ", an <img> gives its alt text in brackets, and <script>,
 // <style>, <head> and comments give nothing.  Over 2 MiB of HTML, the rest is not read and a
 // last line says how much.
+// libxml2 is opened (dlopen) at the first call, not at kgate-mcp's start; when it cannot be,
+// the text is a line saying why and then the HTML as it is.
 std::string html_to_text(std::string_view html);
+
+// The library html_to_text opens, and "" when `soname` opens as it would, else why not
+// (dlerror's words, or the function it lacks).
+inline constexpr const char* kLibXmlSoname = "libxml2.so.2";
+std::string libxml_error(const char* soname = kLibXmlSoname);
 
 // Whether a text/plain is only Python's default repr, `<module.Class object>` or
 // `<module.Class object at 0x7f...>`, as IPython's HTML, Markdown and Image objects have.

@@ -612,6 +612,13 @@ TEST(RenderContent, TheSameImageTwiceIsSentOnce) {
 
 // --- HTML as text ------------------------------------------------------------------------
 
+TEST(HtmlToText, LibXmlIsOpenedAtRunTimeAndAMissingOneIsSaid) {
+  EXPECT_EQ(libxml_error(), "");
+  const std::string e = libxml_error("libkgate-no-such-library.so.0");
+  EXPECT_NE(e.find("libkgate-no-such-library.so.0"), std::string::npos) << e;
+  EXPECT_NE(libxml_error("libc.so.6").find("has no xmlInitParser"), std::string::npos);
+}
+
 TEST(HtmlToText, ReadableText) {
   EXPECT_EQ(html_to_text("<b>x</b>"), "x");
   EXPECT_EQ(html_to_text("&lt;tag&gt; &amp; caf&eacute; &#x2713; &#39;q&#39;"), "<tag> & café ✓ 'q'");
