@@ -1,9 +1,10 @@
-// Connection files, Jupyter directory lookup and random identifiers (RAND_bytes).
+// Connection files, Jupyter directory lookup and random identifiers (getrandom).
 #include "kgate/jupyter/connection.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <pwd.h>
@@ -23,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include <openssl/rand.h>
 
 namespace kgate {
 
@@ -78,11 +78,24 @@ std::string get_string_or(const json& j, const char* field, std::string fallback
 
 // ---- random ids ------------------------------------------------------------------------
 
+// The kernel's random source (getrandom(2), the pool OpenSSL seeds from too).  Not OpenSSL's
+// RAND_bytes: its first call loads openssl.cnf, and through it all of libssl's ciphers, which
+// was 3.4 MB of kgate-mcp's memory and a few ms of its start, for one agent id.
+void random_fill(unsigned char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t got = ::getrandom(p, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(std::string("getrandom failed: ") + std::strerror(errno));
+    }
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+}
+
 std::array<unsigned char, 16> random_uuid4() {
   std::array<unsigned char, 16> b{};
-  if (RAND_bytes(b.data(), static_cast<int>(b.size())) != 1) {
-    throw std::runtime_error("OpenSSL RAND_bytes failed");
-  }
+  random_fill(b.data(), b.size());
   b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
   return b;
@@ -373,7 +386,7 @@ std::string new_hex_id() { return format_uuid(false); }
 std::string random_hex(std::size_t bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::vector<unsigned char> b(bytes);
-  if (bytes > 0 && RAND_bytes(b.data(), static_cast<int>(bytes)) != 1) throw std::runtime_error("OpenSSL RAND_bytes failed");
+  random_fill(b.data(), bytes);
   std::string out;
   out.reserve(2 * bytes);
   for (unsigned char c : b) {

@@ -99,11 +99,12 @@ struct TcpListeners {
 };
 TcpListeners session_tcp_listeners(int sid);
 
-// A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from OpenSSL's RAND_bytes.
+// A random dashed uuid4 ("9078f9cc-81b1-4a03-95af-2ea4ca17b4b3"), from getrandom(2).
 std::string new_uuid();
 // A random uuid4 without dashes (32 hex digits).
 std::string new_hex_id();
-// `bytes` bytes of RAND_bytes as lowercase hex (2 digits a byte): names others must not guess.
+// `bytes` bytes of getrandom(2) as lowercase hex (2 digits a byte): keys, and names others must
+// not guess.
 std::string random_hex(std::size_t bytes);
 
 }  // namespace kgate

@@ -35,7 +35,7 @@ class StateDir {
   // caller through `replaced`).
   std::string host_session(bool* replaced = nullptr) const;
   // The gateway's own token (docs/dev/security.md, "The token"): read from `token` (0600), or made at the
-  // first start (256 bits from RAND_bytes, as 64 hex digits) and written there; `created` says
+  // first start (256 bits from getrandom(2), as 64 hex digits) and written there; `created` says
   // which.  A file that is not such a token is an error naming it (a person's own token belongs
   // in --token, $KGATE_TOKEN or token_file, not in kgate's state).
   std::string token(bool* created = nullptr) const;
