@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-
 namespace kgate {
 
 namespace fs = std::filesystem;
@@ -79,8 +78,8 @@ std::string get_string_or(const json& j, const char* field, std::string fallback
 // ---- random ids ------------------------------------------------------------------------
 
 // The kernel's random source (getrandom(2), the pool OpenSSL seeds from too).  Not OpenSSL's
-// RAND_bytes: its first call loads openssl.cnf, and through it all of libssl's ciphers, which
-// was 3.4 MB of kgate-mcp's memory and a few ms of its start, for one agent id.
+// RAND_bytes: its first call loads openssl.cnf and registers OpenSSL's ciphers and digests,
+// which was 3.4 MB of kgate-mcp's memory and a few ms of its start, for one agent id.
 void random_fill(unsigned char* p, std::size_t n) {
   while (n > 0) {
     const ssize_t got = ::getrandom(p, n, 0);
