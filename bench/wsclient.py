@@ -42,12 +42,12 @@ otherwise costs the client more than the gateway costs (see bench/README.md).
 
 Prints one JSON line: interleaved and relayed {"mode", "n", "pairs", "warmup", "direct_median_us",
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
-over all pairs' round trips), "pair_ratios"}, where relayed's gateway_* are the relay's; latency modes {"mode", "n", "warmup", "median_us",
-"p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood modes {"mode", "printed_bytes",
-"received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes {"mode", "count",
-"printed_bytes", "received_bytes", "received_messages", "seconds", "messages_per_s",
-"idle_lost"}. idle_lost: the server lost the cell's idle (the wait for it ended IDLE_GRACE after
-the reply), and seconds end at the cell's last message. A flood or prints cell
+over all pairs' round trips), "pair_ratios"}, where relayed's gateway_* are the relay's; latency
+modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood
+modes {"mode", "printed_bytes", "received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes
+{"mode", "count", "printed_bytes", "received_bytes", "received_messages", "seconds",
+"messages_per_s", "idle_lost"}. idle_lost: the server lost the cell's idle (the wait for it ended
+IDLE_GRACE after the reply), and seconds end at the cell's last message. A flood or prints cell
 stopped by SIGTERM first prints what had arrived: {"mode", "incomplete": true, "received_bytes",
 "received_messages", "replied", "idle", "seconds", ...}. Exit status 0, or 1 with the reason on
 stderr.
@@ -218,8 +218,9 @@ class RelayedKernel:
         self.km = KernelManager(kernel_name="python3")
         self.km.start_kernel()
         self.relay = self.client = None
+        self.relayed = os.path.splitext(self.km.connection_file)[0] + "-relayed.json"
         try:
-            relayed = os.path.splitext(self.km.connection_file)[0] + "-relayed.json"
+            relayed = self.relayed
             # the relay ends when its stdin closes: at close(), or when this process dies
             self.relay = subprocess.Popen([sys.executable, RELAY, self.km.connection_file, relayed],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -243,6 +244,8 @@ class RelayedKernel:
         if self.relay:
             self.relay.stdin.close()
             self.relay.wait()
+        if os.path.exists(self.relayed):
+            os.remove(self.relayed)
         self.km.shutdown_kernel(now=True)
 
 
