@@ -165,6 +165,9 @@ void api_kernels_post(Services& server, const Request& req, const RequestContext
       return;
     }
     conversation = it->get<std::string>();
+    // Known from now on: if that agent's link never opens (its process killed first), the agent
+    // is gone claim_grace later and the kernel is culled as an orphan, not kept for ever.
+    server.jobs().expect_agent(conversation);
   }
   // A remote launcher (docs/dev/remote-launchers.md): by name here, else the kernelspec's metadata.kgate.launcher.
   std::string launcher_name;
@@ -315,6 +318,23 @@ void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_
 
 }  // namespace
 
+namespace {
+
+// Whether the request's Prefer header (RFC 7240) asks for `respond-async`. Each preference is
+// read on its own: Beast's ext_list takes `token *(; param)` and stops at a `wait=5`.
+bool prefers_async(const Request& req) {
+  std::string_view prefer = req["Prefer"];
+  while (!prefer.empty()) {
+    const auto comma = prefer.find(',');
+    for (auto& pref : http::ext_list{prefer.substr(0, comma)})
+      if (beast::iequals(pref.first, "respond-async")) return true;
+    prefer = comma == std::string_view::npos ? std::string_view{} : prefer.substr(comma + 1);
+  }
+  return false;
+}
+
+}  // namespace
+
 void kernel_action(Services& server, const Request& req, const std::string& id, const std::string& action,
                    Respond respond, bool gated) {
   auto keep_alive = req.keep_alive();
@@ -324,10 +344,11 @@ void kernel_action(Services& server, const Request& req, const std::string& id, 
       Request fake;
       fake.version(version);
       fake.keep_alive(keep_alive);
-      if (st == http::status::no_content) {
+      if (st == http::status::no_content || st == http::status::accepted) {
         Response res{st, version};
         res.keep_alive(keep_alive);
         res.set(http::field::server, kgate::server_header());
+        if (st == http::status::accepted) res.content_length(0);  // 204 has no body by definition
         respond(std::move(res));
       } else if (st == http::status::ok) {
         respond(json_response(fake, st, body));
@@ -337,6 +358,13 @@ void kernel_action(Services& server, const Request& req, const std::string& id, 
     });
   };
   std::string missing = "Kernel does not exist: " + id;
+  if (action == "delete" && prefers_async(req)) {
+    // RFC 7240 `Prefer: respond-async`: 202 once the stop has begun, not when the kernel is down
+    // (kgate-mcp's end, which must be over before its client's SIGKILL, docs/dev/mcp.md).
+    if (!server.manager().get(id)) return reply(http::status::not_found, missing);
+    server.manager().shutdown(id, [](bool) {});
+    return reply(http::status::accepted, "");
+  }
   if (action == "delete") {
     server.manager().shutdown(id, [reply, missing](bool ok) {
       reply(ok ? http::status::no_content : http::status::not_found, ok ? "" : missing);

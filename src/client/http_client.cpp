@@ -56,7 +56,8 @@ void HttpClient::give_back(std::unique_ptr<Conn> c) {
 }
 
 HttpResult HttpClient::request(const std::string& method, const std::string& path, const json* body,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout,
+                               const std::vector<std::pair<std::string, std::string>>& headers) {
   HttpResult out;
   if (!tls_error_.empty()) {
     out.error = tls_error_;
@@ -65,6 +66,7 @@ HttpResult HttpClient::request(const std::string& method, const std::string& pat
   http::request<http::string_body> req{http::string_to_verb(method), ep_.base + path, 11};
   req.set(http::field::host, ep_.host_header());
   req.set(http::field::user_agent, user_agent());
+  for (const auto& [name, value] : headers) req.set(name, value);
   if (body) {
     req.set(http::field::content_type, "application/json");
     req.body() = body->dump();

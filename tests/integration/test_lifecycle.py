@@ -198,6 +198,28 @@ def test_delete_stubborn_kernel(kgate, kernel, ws_clients):
     assert not kgate.connection_file(kernel).exists()
 
 
+def test_delete_preferring_respond_async_answers_202_as_the_stop_begins(kgate, kernel, ws_clients):
+    """`Prefer: respond-async` (RFC 7240): 202 at once, and the kernel goes down after it, as
+    kgate-mcp's end needs (it must exit before Claude Code's SIGKILL, 500 ms after SIGINT)."""
+    ws = kgate.connect(kernel)
+    ws_clients.append(ws)
+    ws.run(STUBBORN_SETUP)  # so its stop takes seconds: SIGTERM is ignored, SIGKILL ends it
+    pid = kgate.kernel_pid(kernel)
+    ws.execute_async(STUBBORN_CELL)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    status, _, body = kgate.rest("DELETE", f"/api/kernels/{kernel}", headers={"Prefer": "wait=5, respond-async"})
+    took = time.monotonic() - t0
+    kgate._kernels.discard(kernel)
+    assert status == 202 and body is None, (status, body)
+    assert pid_alive(pid), "202 came after the kernel was down"
+    assert wait_until(lambda: not pid_alive(pid), 15), f"kernel {pid} still alive after the 202"
+    assert wait_until(lambda: kgate.rest("GET", f"/api/kernels/{kernel}")[0] == 404, 5)
+    status, _, body = kgate.rest("DELETE", f"/api/kernels/{kernel}", headers={"Prefer": "respond-async"})
+    assert status == 404 and body["message"] == f"Kernel does not exist: {kernel}", (status, body)
+    print(f"202 in {took * 1000:.0f} ms")
+
+
 def test_sigint_stops_every_kernel(kgate_factory):
     """^C (SIGINT) stops kgate and its kernels (SIGTERM leaves them for the next kgate:
     test_readopt.py), bounded even with a kernel that ignores SIGTERM."""

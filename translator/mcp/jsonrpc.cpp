@@ -704,6 +704,11 @@ void McpSession::Impl::at_eof() {
     st->call.cancelled = true;
   }
   if (!running.empty()) {
+    try {
+      handler.ending();
+    } catch (const std::exception& e) {
+      log().error("tool handler ending failed: {}", e.what());
+    }
     log().info("the session ended with {} call(s) in flight; waiting up to {} ms for them", running.size(),
                opts.eof_grace.count());
     std::unique_lock lock(shared->calls_mutex);

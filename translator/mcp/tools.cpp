@@ -26,6 +26,37 @@ void Translator::cancelled(Call& c) {
   spdlog::info("call {} cancelled", c.id.dump());
 }
 
+void Translator::ending() {
+  std::vector<std::pair<std::string, Target>> calls;  // (its job, or "" before the POST answered)
+  {
+    std::lock_guard lk(calls_mu_);
+    for (const auto& [call, t] : call_targets_)
+      if (t.cur.kgate) {
+        auto it = call_jobs_.find(call);
+        calls.emplace_back(it == call_jobs_.end() ? "" : it->second, t);
+      }
+  }
+  // Each call would interrupt its job itself, but only once its wait's slice (1 s) ends, and the
+  // end must be over well before that (ServerOptions::eof_grace).
+  std::set<std::string> done;
+  for (auto& [job, t] : calls) {
+    if (job.empty()) {
+      // The execute POST has not answered (kgate holds it up to a slice for a quick cell): its
+      // job is the kernel's running one if that is this agent's foreground cell. (Another cell
+      // of this agent cannot be running there: the POST would have been refused as busy.)
+      auto k = t.http->get("api/kgate/kernels/" + t.cur.kernel, 2s).json_body();
+      if (!k.is_object() || !k["running_job"].is_string()) continue;
+      std::string running = k["running_job"].get<std::string>();
+      auto j = t.http->get("api/kgate/jobs/" + running, 2s).json_body();
+      if (!j.is_object() || j.value("agent", json()) != json(agent_) || j.value("task", false)) continue;
+      job = running;
+    }
+    if (!done.insert(job).second) continue;
+    auto r = t.http->post("api/kgate/jobs/" + job + "/interrupt", json{{"agent", agent_}}, 2s);
+    spdlog::info("{}: interrupted, as the conversation ends ({})", job, r.status == 200 ? "done" : r.message());
+  }
+}
+
 void Translator::client_info(const std::string& name, const std::string& /*version*/) {
   if (name.empty() || name == "?") return;
   std::lock_guard lk(mu_);
@@ -43,8 +74,12 @@ void Translator::shutdown() {
   std::optional<Current> cur;
   {
     std::unique_lock lk(mu_);
-    if (!posted_.wait_for(lk, kCreateTimeout + 5s, [this] { return !posting_; }))
-      spdlog::warn("a kernel create did not answer in time; a kernel it makes may be left running");
+    // kgate culls what a marked POST makes once this agent is gone, so that wait is short: the
+    // end must be over before the client's SIGKILL (ServerOptions::eof_grace).
+    if (!posted_.wait_for(lk, posting_marked_ ? 200ms : kCreateTimeout + 5s, [this] { return !posting_; }))
+      spdlog::warn(posting_marked_ ? "a kernel create is still in flight; kgate stops the kernel it makes, as this "
+                                     "conversation's, once the conversation is gone"
+                                   : "a kernel create did not answer in time; a kernel it makes may be left running");
     cur = current_;
     current_.reset();
     if (cur && !cur->auto_kernel && cur->kernel == setting_up_) {
@@ -53,8 +88,14 @@ void Translator::shutdown() {
     }
   }
   if (cur && cur->auto_kernel) {
-    auto r = client(cur->ep)->request("DELETE", "api/kernels/" + cur->kernel, nullptr, 10s);
-    if (r.status == 204 || r.status == 404)
+    // kgate answers 202 once the stop has begun, not when the kernel is down (which can take a
+    // second or more). Another gateway answers when it is down; the request is sent in full
+    // long before the timeout, and that gateway goes on with it after it.
+    auto r = client(cur->ep)->request("DELETE", "api/kernels/" + cur->kernel, nullptr, cur->kgate ? 3s : 1s,
+                                      {{"Prefer", "respond-async"}});
+    if (r.status == 202)
+      spdlog::info("stopping the auto kernel {}", cur->kernel);
+    else if (r.status == 204 || r.status == 404)
       spdlog::info("stopped the auto kernel {}", cur->kernel);
     else
       spdlog::warn("could not stop the auto kernel {}: {}", cur->kernel, r.message());
@@ -295,6 +336,7 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   {
     std::lock_guard lk(mu_);
     posting_ = true;
+    posting_marked_ = body.contains("kgate_conversation");
   }
   auto r = http->post("api/kernels", body, kCreateTimeout);
   const bool queued = r.status == 202;  // kgate: a launcher's job still waits in its queue

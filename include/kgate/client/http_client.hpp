@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kgate/client/endpoint.hpp"
@@ -36,9 +37,11 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   const Endpoint& endpoint() const { return ep_; }
-  // `path` is relative to the base ("api/kernels").  `body` null = no body.
+  // `path` is relative to the base ("api/kernels").  `body` null = no body.  `headers`: more
+  // request headers, as (name, value).
   HttpResult request(const std::string& method, const std::string& path, const json* body,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout,
+                     const std::vector<std::pair<std::string, std::string>>& headers = {});
   HttpResult get(const std::string& path, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
     return request("GET", path, nullptr, timeout);
   }

@@ -145,8 +145,12 @@ class ToolHandler {
   // notifications/cancelled arrived for `call` (call.cancelled is already set). The server then
   // sends no reply for it. Runs on the reader thread and must not block. It can race with call()
   // returning, but `call` stays valid until both are done. At stdin EOF the server sets
-  // call.cancelled but does not call this: a conversation that ends is not a request to stop.
+  // call.cancelled and calls ending() instead, once for all of them.
   virtual void cancelled(Call& /*call*/) {}
+  // The conversation ends (stdin EOF, a signal, a hosted session closed) with calls in flight,
+  // already `cancelled`: stop at once what they started, so they end within eof_grace. Runs on
+  // the thread that ends the session, before the grace; may block briefly.
+  virtual void ending() {}
   // The client named itself: initialize's clientInfo, or a modern request's _meta clientInfo.
   // Runs on the reader thread, before the calls that follow it; must not block.
   virtual void client_info(const std::string& /*name*/, const std::string& /*version*/) {}
@@ -160,13 +164,15 @@ struct ServerOptions {
   std::size_t max_line_bytes = 64u << 20;
   // How many tools/call may be in flight at once. One more gets rpc_error::kTooManyCalls.
   std::size_t max_concurrent = 16;
-  // At stdin EOF, the server sets `cancelled` on every call in flight and waits up to this long
-  // for them to end. Replies that come in this time are still written, since a client may close
-  // stdin and go on reading stdout. Then it calls shutdown() and run() returns. A call still
+  // At stdin EOF, the server sets `cancelled` on every call in flight, calls ending() and waits
+  // up to this long for them to end. Replies that come in this time are still written, since a
+  // client may close stdin and go on reading stdout. Then it calls shutdown() and run() returns.
+  // Short, because Claude Code sends SIGKILL 500 ms after its SIGINT (SIGTERM at 100 ms), and
+  // the grace and shutdown() must both fit in that. A call still
   // running after that is abandoned: its thread is detached, nothing more from it is written,
   // and it may still be inside ToolHandler::call. The process should exit without destroying
   // the handler, e.g. with std::_Exit after flushing.
-  std::chrono::milliseconds eof_grace{2000};
+  std::chrono::milliseconds eof_grace{250};
   // At most one notifications/progress per call this often (the first always goes out): a
   // tool's loop may report far more often than a client wants to hear.
   std::chrono::milliseconds progress_interval{1000};

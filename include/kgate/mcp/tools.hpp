@@ -47,6 +47,7 @@ class Translator final : public ToolHandler {
   std::string instructions() const override;
   ToolReply call(Call& call) override;
   void cancelled(Call& call) override;
+  void ending() override;  // interrupts the cells of the calls in flight
   void client_info(const std::string& name, const std::string& version) override;  // names the agent's label
   void shutdown() override;  // stops the auto kernel (if still the conversation's), closes links
 
@@ -151,6 +152,7 @@ class Translator final : public ToolHandler {
   // A POST /api/kernels is in flight (guarded by mu_): shutdown waits for it, so the kernel it
   // makes becomes current and is stopped, not leaked; it does not wait for the setup after it.
   bool posting_ = false;
+  bool posting_marked_ = false;  // that POST carries kgate_conversation (kgate culls what it makes)
   // The kernel create_kernel made and is still setting up (guarded by mu_). Its call has not
   // answered, so the agent does not know of it: shutdown stops it even when it is not an auto kernel.
   std::string setting_up_;
