@@ -128,6 +128,7 @@ def _echo_silent(kernel, original):
 # code runs on the main thread, from pre_execute to post_execute, under _lock.
 _lock = threading.Lock()
 _cell = None
+_ended = None  # the msg_id of the last cell that ended
 
 
 def _cell_begins():
@@ -141,11 +142,11 @@ def _cell_begins():
 def _cell_ends():
     # A stop sent as the cell ends lands here at the latest (it was sent under _lock, which this
     # waits for): absorbed, so it never reaches the next cell.
-    global _cell
+    global _cell, _ended
     while True:
         try:
             with _lock:
-                _cell = None
+                _ended, _cell = _cell, None
             return
         except KeyboardInterrupt:
             continue
@@ -245,6 +246,19 @@ def _stop_locked(request, main):
     return False
 
 
+def _about_to_run(kernel, request):
+    """Whether `request` is the execute_request the shell handles now, but whose code has not
+    begun: ipykernel publishes its execute_input (which kgate takes as the cell's start) before
+    IPython's pre_execute, so a stop can arrive in between."""
+    parent = kernel.get_parent("shell") if hasattr(kernel, "get_parent") else None
+    msg_id = parent.get("header", {}).get("msg_id") if isinstance(parent, dict) else None
+    return bool(request) and msg_id == request and request not in (_cell, _ended)
+
+
+# How long a stop waits for a cell that is about to run to begin (it is a few ms at most).
+ABOUT_TO_RUN_WAIT = 2.0
+
+
 def _running():
     cell, task = _cell, _task  # read once: the close reads them without _lock
     return [r for r in (cell, task["request"] if task else None) if r]
@@ -280,12 +294,18 @@ def _stop(kernel):
             reply = {"status": "error", "refusal": "not_host", "message": "only kgate may send kgate_request"}
         elif op == "interrupt":
             request = content.get("request")
-            with _lock:
-                if _stop_locked(request, main):
-                    reply = {"status": "ok", "interrupted": request}
-                else:
+            until = time.monotonic() + ABOUT_TO_RUN_WAIT
+            while True:
+                with _lock:
+                    if _stop_locked(request, main):
+                        reply = {"status": "ok", "interrupted": request}
+                        break
                     running = _running()
-                    reply = {"status": "error", "refusal": "not_running", "running": running[0] if running else None}
+                if _about_to_run(kernel, request) and time.monotonic() < until:
+                    await asyncio.sleep(0.005)
+                    continue
+                reply = {"status": "error", "refusal": "not_running", "running": running[0] if running else None}
+                break
         elif op == "close":
             reply = await _close(content, main)
         elif op == "hello":

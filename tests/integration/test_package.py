@@ -185,7 +185,9 @@ def upgrade_and_downgrade(root, a, b, release, nxt):
         assert kg2.rest("GET", "/api")[2]["version"] == b
         assert wait_until(lambda: kernel_ids(kg2).get(kid, {}).get("execution_state") in ("busy", "idle"), 20), \
             kg2.log_tail(40)
-        assert any("re-adopted" in line for line in kg2.log_lines), kg2.log_tail(40)
+        # (The model answers from the kernel table as the re-adoption begins; its log line comes
+        # once the kernel answered.)
+        assert wait_until(lambda: any("re-adopted" in line for line in kg2.log_lines), 20), kg2.log_tail(40)
         done = wait_job_end(kg2, running["job"], timeout=30)
         assert done["status"] == "ok" and done["result"] == "'done'", done
         assert done["output"].endswith("14\n15\n") and "kgate was away" in done["note"], done
