@@ -67,12 +67,14 @@ def test_slow_reader_past_the_hold_limit_is_told_what_was_dropped(kgate_factory,
     notes = [m["content"]["text"] for m in got
              if m.get("msg_type") == "stream" and m["content"].get("name") == "stderr"
              and "[kgate]" in m["content"]["text"]]
-    assert notes and "dropped" in notes[0], notes
-    dropped = int(notes[0].split("[kgate] ")[1].split(" ")[0])
+    assert notes and all("dropped" in n for n in notes), notes
+    # One note per gap: a client that catches up and falls behind again (a loaded machine) gets
+    # two, each counting its own.
+    dropped = sum(int(n.split("[kgate] ")[1].split(" ")[0]) for n in notes)
     lines = stdout_of(got, r).splitlines()
     numbers = [int(line[:6]) for line in lines]
     assert numbers == sorted(set(numbers)), "out of order or doubled"
-    assert len(numbers) + dropped == CHUNKS, (len(numbers), dropped)
+    assert len(numbers) + dropped == CHUNKS, (len(numbers), dropped, notes)
     kg.delete_kernel(kid)
 
 

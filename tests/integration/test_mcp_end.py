@@ -82,6 +82,32 @@ def test_sigint_in_the_middle_of_a_cell_interrupts_it_and_stops_the_kernel(kgate
           f"{sleep_job['note']!r}")
 
 
+@pytest.mark.parametrize("late", [False, True])
+def test_the_end_interrupts_a_cell_on_a_kept_kernel_and_leaves_the_kernel(kgate, mcp_bin, tmp_path, late):  # noqa: F811
+    """A kernel the conversation connected to by id outlives it, but the cell its call was
+    waiting on is interrupted as the conversation ends: right after the cell began (kgate still
+    holds the execute POST, so kgate-mcp has no job id yet) and a few seconds in (it has)."""
+    kid = kgate.start_kernel()["id"]
+    p = Mcp(mcp_bin, tmp_path / "mcp", {"KGATE_URL": kgate.url})
+    call(p, 1, "connect", kernel=kid)
+    assert not p.reply(1, timeout=60)["result"].get("isError")
+    call(p, 2, "execute", code="import time\ntime.sleep(120)", timeout=300)
+    assert wait_until(lambda: kgate.kernel_model(kid)["execution_state"] == "busy", 15), kgate.kernel_model(kid)
+    if late:
+        time.sleep(2.5)  # past the POST's hold (1 s) and into the call's job polls
+    rc, took = end_like_claude_code(p)
+    assert rc == 0, p.stderr_text()[-2000:]
+
+    def sleep_job():
+        body = kgate.rest("GET", f"/api/kgate/jobs?kernel={kid}")[2]
+        return next(j for j in body["jobs"] if "sleep" in j["code"])
+    assert wait_until(lambda: sleep_job()["status"] != "running", 10), sleep_job()
+    assert sleep_job()["status"] == "interrupted", sleep_job()
+    assert wait_until(lambda: kgate.kernel_model(kid)["execution_state"] == "idle", 10), kgate.kernel_model(kid)
+    assert kid in kernel_ids(kgate), "the end stopped a kernel that was not the conversation's own"
+    print(f"{'late' if late else 'early'}: kgate-mcp gone in {took:.3f} s; the cell interrupted")
+
+
 # --------------------------------------------------------------------------------------------
 # Progress (issue 43, point 4): at most one notification a second per call, in every state
 
