@@ -165,9 +165,6 @@ void api_kernels_post(Services& server, const Request& req, const RequestContext
       return;
     }
     conversation = it->get<std::string>();
-    // Known from now on: if that agent's link never opens (its process killed first), the agent
-    // is gone claim_grace later and the kernel is culled as an orphan, not kept for ever.
-    server.jobs().expect_agent(conversation);
   }
   // A remote launcher (docs/dev/remote-launchers.md): by name here, else the kernelspec's metadata.kgate.launcher.
   std::string launcher_name;
@@ -275,6 +272,7 @@ void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_
       if (!conversation.empty()) {
         k->set_conversation(conversation);
         server.manager().remember(id);
+        server.jobs().expect_agent(conversation);  // see below
       }
       server.admitted(id);
       if (!chosen_id.empty()) server.reserve_kernel_id(chosen_id, false);
@@ -294,6 +292,10 @@ void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_
       if (r.kernel && !conversation.empty()) {
         r.kernel->set_conversation(conversation);
         server.manager().remember(r.kernel->id());
+        // Known from the answer on: if that agent's link never opens (its process killed before
+        // it could), it is gone claim_grace later and the kernel culled as an orphan, not kept
+        // for ever. Not from the POST: a start can outlast claim_grace + auto_kernel_grace.
+        server.jobs().expect_agent(conversation);
       }
       Request fake;
       fake.version(version);

@@ -183,7 +183,7 @@ def test_a_killed_conversations_auto_kernel_is_stopped_by_kgate(quick_orphans, m
 def test_a_conversation_killed_before_its_link_opened_still_loses_its_auto_kernel(quick_orphans):
     """kgate-mcp waits only 200 ms for a kernel create in flight at its end, so the kernel may
     come after it is gone, without its agent link ever opening: kgate expects the agent from
-    the POST on, and takes it for gone claim_grace later."""
+    its answer to the POST on, and takes it for gone claim_grace later."""
     kg = quick_orphans
     status, _, model = kg.rest("POST", "/api/kernels", {"name": "python3", "kgate_conversation": "kgate-mcp-never"})
     assert status == 201, (status, model)

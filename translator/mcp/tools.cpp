@@ -333,6 +333,9 @@ std::string Translator::create_kernel(const Endpoint& ep, bool auto_kernel, std:
   const bool culled_later = auto_kernel && hosting_.stateless;
   if (culled_later && kgate) body["kgate_cull_idle_timeout"] = kStatelessKernelIdle;
   if (culled_later) auto_kernel = false;
+  // The agent's link is open before the POST, so kgate never takes this agent for gone while
+  // the kernel starts (a start can outlast claim_grace + auto_kernel_grace when those are short).
+  if (body.contains("kgate_conversation")) hold_link(ep);
   {
     std::lock_guard lk(mu_);
     posting_ = true;
