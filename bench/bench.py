@@ -7,7 +7,9 @@ Environment:
   KGATE_BIN      kgate binary           (default <repo>/build/gateway/kgate)
   BENCH_N        execute round trips    (default 200)
   BENCH_MB       flood size, megabytes  (default 20)
-  BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, median reported (default 3)
+  BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, each gateway's
+                 flood read both by websocket-client's frame reader and with a frame read
+                 whole; medians reported (default 3)
   BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
   BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by one
                  `wsclient.py interleaved` run per gateway and one `wsclient.py relayed` run
@@ -539,8 +541,9 @@ def main():
                   "kgate_mtime": (time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(KGATE_BIN)))
                                   if have_kgate else None)},
          "direct": {"latency": [], "flood_rounds": []}, "relay": {"interleaved": []},
-         "peer": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []},
-         "kgate": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": []}, "errors": []}
+         "peer": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": [], "flood_rounds_whole": []},
+         "kgate": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": [], "flood_rounds_whole": []},
+         "errors": []}
     live = []          # servers to stop in the end
     interrupted = False
 
@@ -645,22 +648,27 @@ def main():
             log("flood %d MB: kgate" % MB)
             R["kgate"]["flood"] = step("kgate flood", run_client, bench_env, tmp, ["flood", kg.url, kg.token, MB], FLOOD_WANT, kg)
         # 5. the same flood with the client's UTF-8 check off, in alternating rounds (direct, peer,
-        # kgate) so drift hits all three alike; each one's median is reported
+        # kgate) so drift hits all three alike; each one's median is reported. Each gateway has
+        # it twice a round, read by websocket-client's own frame reader and with a frame read
+        # whole (--whole-frames), the two taking turns at going first.
         for rnd in range(ROUNDS):
             log("flood %d MB, client UTF-8 check off: round %d/%d" % (MB, rnd + 1, ROUNDS))
             r = step("direct flood (round %d)" % (rnd + 1), run_client, bench_env, tmp, ["direct-flood", MB], FLOOD_WANT)
             if r:
                 R["direct"]["flood_rounds"].append(r)
-            if peer2:
-                r = step("peer flood (unlimited, fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
-                         ["flood", peer2.url, peer2.token, MB, "--no-utf8-check"], FLOOD_WANT, peer2)
-                if r:
-                    R["peer"]["flood_rounds"].append(r)
-            if kg:
-                r = step("kgate flood (fast client, round %d)" % (rnd + 1), run_client, bench_env, tmp,
-                         ["flood", kg.url, kg.token, MB, "--no-utf8-check"], FLOOD_WANT, kg)
-                if r:
-                    R["kgate"]["flood_rounds"].append(r)
+            readers = (("flood_rounds", []), ("flood_rounds_whole", ["--whole-frames"]))
+            for side, server in (("peer", peer2), ("kgate", kg)):
+                if not server:
+                    continue
+                for key, extra in (readers if rnd % 2 == 0 else readers[::-1]):
+                    what = "whole frames" if extra else "UTF-8 check off"
+                    r = step("%s flood (%s, round %d)" % (side, what, rnd + 1), run_client, bench_env, tmp,
+                             ["flood", server.url, server.token, MB, "--no-utf8-check", *extra], FLOOD_WANT, server)
+                    if r:
+                        R[side][key].append(r)
+                        if extra and r.get("reader") != "whole":   # this websocket-client lacks the reader
+                            R["errors"].append({"step": "%s flood (whole frames)" % side,
+                                                "error": "wsclient.py fell back to websocket-client's own frame reader"})
         # 6. many small messages: PRINTS prints, one stream message each
         if PRINTS:
             log("%d small prints: direct" % PRINTS)
@@ -766,13 +774,14 @@ def summarize(R):
     per_got_us = lambda r: (round(r["gateway_cpu_s"] * 1e6 / r["received_messages"], 1)
                             if "gateway_cpu_s" in r and r.get("received_messages") else None)
 
-    def rmed(side, key, scale=1):  # the median over the alternating flood rounds
-        vals = [r[key] * scale for r in side.get("flood_rounds", []) if r and key in r]
+    def rmed(side, key, scale=1, rounds="flood_rounds"):  # the median over the alternating flood rounds
+        vals = [r[key] * scale for r in side.get(rounds, []) if r and key in r]
         return (round(statistics.median(vals), 3) if scale == 1 else round(statistics.median(vals))) if vals else None
 
-    def rmin(side, key):
-        vals = [r[key] for r in side.get("flood_rounds", []) if r and key in r]
+    def rmin(side, key, rounds="flood_rounds"):
+        vals = [r[key] for r in side.get(rounds, []) if r and key in r]
         return min(vals) if vals else None
+    W = "flood_rounds_whole"
     rows = [  # (metric, format, direct, peer, kgate)
         ("execute round trip, median (µs)", "int", _mid(d["latency"], "median_us"), _mid(p["latency"], "median_us"), _mid(k["latency"], "median_us")),
         ("execute round trip, p90 (µs)", "int", _mid(d["latency"], "p90_us"), _mid(p["latency"], "p90_us"), _mid(k["latency"], "p90_us")),
@@ -791,6 +800,12 @@ def summarize(R):
          None, rmed(p, "gateway_cpu_s", 1e3), rmed(k, "gateway_cpu_s", 1e3)),
         ("%d MB flood, bytes, client UTF-8 check off, fewest of the rounds (peer: unlimited)" % MB, "int",
          rmin(d, "received_bytes"), rmin(p, "received_bytes"), rmin(k, "received_bytes")),
+        ("%d MB flood, seconds, a frame read whole, median of %d rounds (peer: unlimited)" % (MB, ROUNDS), "s",
+         rmed(d, "seconds"), rmed(p, "seconds", rounds=W), rmed(k, "seconds", rounds=W)),
+        ("%d MB flood, gateway CPU (ms), a frame read whole, median (peer: unlimited)" % MB, "int",
+         None, rmed(p, "gateway_cpu_s", 1e3, rounds=W), rmed(k, "gateway_cpu_s", 1e3, rounds=W)),
+        ("%d MB flood, bytes, a frame read whole, fewest of the rounds (peer: unlimited)" % MB, "int",
+         rmin(d, "received_bytes"), rmin(p, "received_bytes", rounds=W), rmin(k, "received_bytes", rounds=W)),
         ("%d small prints, one message each, seconds (peer: unlimited)" % PRINTS, "s",
          pr(d).get("seconds"), pr(p).get("seconds"), pr(k).get("seconds")),
         ("%d small prints, gateway CPU (ms) (peer: unlimited)" % PRINTS, "int", None, cpu_ms(pr(p)), cpu_ms(pr(k))),

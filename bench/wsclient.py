@@ -7,8 +7,8 @@ usage: wsclient.py direct N [--store-history]
        wsclient.py direct-flood MEGABYTES
        wsclient.py direct-prints COUNT
        wsclient.py gateway URL TOKEN N [--kernel NAME] [--store-history]
-       wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check]
-       wsclient.py prints URL TOKEN COUNT [--kernel NAME] [--no-utf8-check]
+       wsclient.py flood URL TOKEN MEGABYTES [--kernel NAME] [--no-utf8-check] [--whole-frames]
+       wsclient.py prints URL TOKEN COUNT [--kernel NAME] [--no-utf8-check] [--whole-frames]
        wsclient.py interleaved URL TOKEN N [--kernel NAME] [--pairs K]
        wsclient.py relayed N [--pairs K]
 
@@ -39,6 +39,11 @@ the same way.
 Every execute_request asks for store_history=False unless --store-history is given.
 --no-utf8-check turns off websocket-client's pure-Python UTF-8 check of text frames, which
 otherwise costs the client more than the gateway costs (see bench/README.md).
+--whole-frames reads a frame's payload of WHOLE_FRAME bytes or more into one buffer, as a
+browser or Beast does, where websocket-client reads it 16 KiB at a time and joins the pieces
+(for a 20 MB frame: two copies of it in fresh memory and 1,280 reads in Python, about twice
+the gateway's own time on the path; bench/README.md "A frame read whole"). The result says
+which reader ran ("reader": "whole" or "stock"); an unknown websocket-client keeps its own.
 
 Prints one JSON line: interleaved and relayed {"mode", "n", "pairs", "warmup", "direct_median_us",
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
@@ -46,7 +51,7 @@ over all pairs' round trips), "pair_ratios"}, where relayed's gateway_* are the 
 modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood
 modes {"mode", "printed_bytes", "received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes
 {"mode", "count", "printed_bytes", "received_bytes", "received_messages", "seconds",
-"messages_per_s", "idle_lost"}. idle_lost: the server lost the cell's idle (the wait for it ended
+"messages_per_s", "idle_lost"}; through a gateway, both also have "reader". idle_lost: the server lost the cell's idle (the wait for it ended
 IDLE_GRACE after the reply), and seconds end at the cell's last message. A flood or prints cell
 stopped by SIGTERM first prints what had arrived: {"mode", "incomplete": true, "received_bytes",
 "received_messages", "replied", "idle", "seconds", ...}. Exit status 0, or 1 with the reason on
@@ -74,6 +79,7 @@ IDLE_GRACE = 10.0        # how long the idle may trail the reply: a server that 
                          # can drop iopub messages even with its rate limits off) ends the wait then
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
 LINE = 1023              # characters of `x` on each flood line, plus its newline
+WHOLE_FRAME = 64 * 1024  # --whole-frames: a payload this long or longer is read into one buffer
 
 
 def flood_code(megabytes):
@@ -249,11 +255,53 @@ class RelayedKernel:
         self.km.shutdown_kernel(now=True)
 
 
+def whole_frame_buffer(ws):
+    """websocket-client's frame reader for `ws`, with a frame's payload of WHOLE_FRAME bytes or
+    more read straight into one buffer (socket.recv_into), or None when this websocket-client
+    does not have the reader this relies on (1.2.3, Debian 12's, does)."""
+    try:
+        from websocket._abnf import frame_buffer
+    except ImportError:
+        return None
+    old = getattr(ws, "frame_buffer", None)
+    if not isinstance(old, frame_buffer) or not hasattr(old, "recv_buffer") or ws.sock is None:
+        return None
+
+    class WholeFrames(frame_buffer):
+        def recv_strict(self, bufsize):
+            have = sum(map(len, self.recv_buffer))
+            if bufsize - have < WHOLE_FRAME:
+                return super().recv_strict(bufsize)
+            out = bytearray(bufsize)
+            view = memoryview(out)
+            pos = 0
+            for piece in self.recv_buffer:   # what an earlier read left (none: reads are exact)
+                view[pos:pos + len(piece)] = piece
+                pos += len(piece)
+            self.recv_buffer = []
+            while pos < bufsize:
+                try:
+                    got = ws.sock.recv_into(view[pos:], bufsize - pos)
+                except socket.timeout:
+                    raise self.timeout_error("no data for %g s in a frame's payload" % ws.sock.gettimeout())
+                if not got:
+                    raise self.closed_error("the connection closed in a frame's payload")
+                pos += got
+            return out
+
+    import websocket
+    WholeFrames.timeout_error = websocket.WebSocketTimeoutException
+    WholeFrames.closed_error = websocket.WebSocketConnectionClosedException
+    return WholeFrames(old.recv, old.skip_utf8_validation)
+
+
 class GatewayKernel:
     """A kernel started through a gateway's REST API and reached over its channels websocket."""
 
-    def __init__(self, url, token, kernel_name, store_history, utf8_check=True, kernel_id=None):
-        """kernel_id: a kernel the gateway runs already: used, and left running at close()."""
+    def __init__(self, url, token, kernel_name, store_history, utf8_check=True, kernel_id=None,
+                 whole_frames=False):
+        """kernel_id: a kernel the gateway runs already: used, and left running at close().
+        whole_frames: a long frame's payload is read into one buffer (whole_frame_buffer)."""
         import websocket
         self.websocket = websocket
         self.url, self.token, self.store_history = url.rstrip("/"), token, store_history
@@ -269,6 +317,12 @@ class GatewayKernel:
         except Exception:
             self.rest("DELETE", "/api/kernels/" + self.kernel_id)
             raise
+        self.reader = "stock"
+        if whole_frames:
+            reader = whole_frame_buffer(self.ws)
+            if reader is not None:
+                self.ws.frame_buffer = reader
+                self.reader = "whole"
 
     def rest(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
@@ -459,6 +513,8 @@ def parse_args(argv):
             g.add_argument("--pairs", type=int, default=4, help="pairs of kernels (default 4)")
         else:
             g.add_argument("--no-utf8-check", action="store_true")
+            g.add_argument("--whole-frames", action="store_true",
+                           help="read a long frame's payload into one buffer (websocket-client: 16 KiB at a time)")
     return p.parse_args(argv)
 
 
@@ -478,7 +534,8 @@ def main(argv):
         kernel = DirectKernel(getattr(a, "store_history", False))
     else:
         kernel = GatewayKernel(a.url, a.token, a.kernel, getattr(a, "store_history", False),
-                               utf8_check=not getattr(a, "no_utf8_check", False))
+                               utf8_check=not getattr(a, "no_utf8_check", False),
+                               whole_frames=getattr(a, "whole_frames", False))
     try:
         kernel.wait_ready()
         if a.mode in ("direct", "gateway"):
@@ -487,6 +544,8 @@ def main(argv):
             result = measure_prints(kernel, a.count, a.mode)
         else:
             result = measure_flood(kernel, a.megabytes, a.mode)
+        if isinstance(kernel, GatewayKernel) and a.mode in ("flood", "prints"):
+            result["reader"] = kernel.reader
     finally:
         kernel.close()
     print(json.dumps(result), flush=True)
