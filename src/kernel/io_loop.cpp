@@ -178,14 +178,63 @@ void KernelManager::Impl::count_stream(KernelIo& k, const KernelMessage& m, Cloc
 
 void KernelManager::Impl::read_iopub(KernelIo& k) {
   const bool was_held = k.iopub_held();
+  const bool lowered = std::exchange(k.iopub_lowered, false);
   auto id = k.kernel->id();
   std::size_t n = on_readable(k, *k.iopub, Channel::iopub);
   if (!find(id) || !k.sockets_open()) return;
-  if (n == 0 && was_held) k.iopub_run = 0;  // the stream has paused
-  if (opts.iopub_batch.count() > 0 && k.iopub_run >= kStreamRun)
+  if (was_held && n == 0 && lowered && opts.iopub_batch.count() > 0) {
+    // The mark came down just now: what waited under it may be read by libzmq but not yet in
+    // its pipe.  Not a pause, then: one more hold, with the mark down.
     k.iopub_held_until = Clock::now() + opts.iopub_batch;
-  else
-    k.iopub_held_until = {};
+    return;
+  }
+  if (n == 0 && was_held) k.iopub_run = 0;  // the stream has paused
+  if (opts.iopub_batch.count() > 0 && k.iopub_run >= kStreamRun) {
+    k.iopub_held_until = Clock::now() + opts.iopub_batch;
+    raise_iopub_lowat(k);
+  } else {
+    end_iopub_hold(k);
+  }
+}
+
+// Held, a stream's messages still woke libzmq's I/O thread one by one as they came (a kernel
+// flushes each print as its own TCP segment): half of kgate's CPU per small message, most of it
+// the wake (bench/README.md, "The I/O thread's wakes").  So while a stream is held, iopub's
+// connection is readable only once kIopubLowat bytes wait (SO_RCVLOWAT), a dozen prints; the
+// hold's end lowers the mark, which Linux answers by waking libzmq if anything waits at all.
+// A message therefore waits no longer than the hold, as before.  A kernel whose connection is
+// not found (a transport other than TCP, an address that is a name) is batched as before.
+static constexpr int kIopubLowat = 8 * 1024;
+// How long the channels wait, at most, for libzmq to read what waited under the mark.
+static constexpr auto kIopubDrain = std::chrono::milliseconds(5);
+
+void KernelManager::Impl::raise_iopub_lowat(KernelIo& k) {
+  if (k.iopub_lowat) return;
+  if (!k.iopub_tcp.valid()) {
+    if (k.iopub_tcp_looked || k.conn.transport != "tcp") return;
+    k.iopub_tcp_looked = true;
+    k.iopub_tcp = TcpUnder::find(k.conn.ip, k.conn.iopub_port);
+    if (!k.iopub_tcp.valid()) {
+      spdlog::debug("kernel {}: iopub's TCP connection not found; its streams are batched without it",
+                    k.kernel->id());
+      return;
+    }
+  }
+  k.iopub_lowat = k.iopub_tcp.set_rcvlowat(kIopubLowat);
+}
+
+bool KernelManager::Impl::lower_iopub_lowat(KernelIo& k, bool drain) {
+  if (!k.iopub_lowat) return false;
+  k.iopub_lowat = false;
+  k.iopub_lowered = true;
+  if (!k.iopub_tcp.set_rcvlowat(1) || !drain || k.iopub_tcp.unread() == 0) return false;
+  k.iopub_drain_until = Clock::now() + kIopubDrain;
+  return true;
+}
+
+void KernelManager::Impl::end_iopub_hold(KernelIo& k) {
+  k.iopub_held_until = {};
+  lower_iopub_lowat(k, false);
 }
 
 bool KernelManager::Impl::answer_side_call(KernelIo& k, const KernelMessage& m) {
@@ -375,18 +424,30 @@ void KernelManager::Impl::poll_once() {
       // A held iopub (read_iopub) is out of the poll until its time, then read without waiting.
       std::uint8_t bits = k.recheck;
       bool held = false;
-      if (k.iopub_held()) {
-        if (k.iopub_held_until <= now) bits |= KernelIo::bit(Channel::iopub);
-        else {
-          held = true;
-          next_hold = std::min(next_hold, k.iopub_held_until);
-        }
+      constexpr std::uint8_t kOrdered = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 3);  // shell ... iopub
+      if (k.iopub_draining() && (k.iopub_drain_until <= now || k.iopub_tcp.unread() == 0)) {
+        // libzmq has read what waited: iopub, then the channels that waited for it
+        k.iopub_drain_until = {};
+        bits |= KernelIo::bit(Channel::iopub) | std::exchange(k.iopub_waiting, 0);
+      }
+      if (!k.iopub_draining() && k.iopub_held() && k.iopub_held_until <= now &&
+          !lower_iopub_lowat(k, true))
+        bits |= KernelIo::bit(Channel::iopub);
+      const bool draining = k.iopub_draining();
+      if (draining) {
+        k.iopub_waiting |= bits & static_cast<std::uint8_t>(kOrdered & ~KernelIo::bit(Channel::iopub));
+        bits &= static_cast<std::uint8_t>(~kOrdered);  // read when it ends
+        next_hold = std::min(next_hold, std::min(k.iopub_drain_until, now + std::chrono::milliseconds(1)));
+      } else if (k.iopub_held() && k.iopub_held_until > now) {
+        held = true;
+        next_hold = std::min(next_hold, k.iopub_held_until);
       }
       if (bits) rechecks.emplace_back(id, bits);
       zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
                                 k.hb.get()};
       for (int i = 0; i < 5; ++i) {
-        fds.push_back({i == 3 && held ? -1 : socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
+        const bool out = (i == 3 && held) || (i <= 3 && draining);
+        fds.push_back({out ? -1 : socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
         slots.push_back({id, i});
       }
     }
@@ -430,12 +491,17 @@ void KernelManager::Impl::poll_once() {
   auto read_socket = [this](KernelIo& k, int kind) {
     if (kind <= 2 && k.iopub && k.iopub_held()) {
       // What the kernel said on iopub goes ahead of the reply or input_request that follows it,
-      // and that reply ends the stream: the idle status after it is not held.
+      // and that reply ends the stream: the idle status after it is not held.  What libzmq has
+      // not read yet under the mark is waited for first (the drain ends in poll_once).
+      if (k.iopub_draining() || lower_iopub_lowat(k, true)) {
+        k.iopub_waiting |= static_cast<std::uint8_t>(1 << kind);
+        return;
+      }
       auto id = k.kernel->id();
       read_iopub(k);
       if (!find(id) || !k.sockets_open()) return;
       k.iopub_run = 0;
-      k.iopub_held_until = {};
+      end_iopub_hold(k);
     }
     switch (kind) {
       case 0: if (k.shell) on_readable(k, *k.shell, Channel::shell); break;

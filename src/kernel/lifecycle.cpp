@@ -140,6 +140,12 @@ void KernelManager::Impl::open_sockets(KernelIo& k) {
 
 void KernelManager::Impl::close_sockets(KernelIo& k) {
   stop_stdin_monitor(k);
+  // Held, the copy would keep iopub's connection open after libzmq let it go.
+  k.iopub_tcp.reset();
+  k.iopub_tcp_looked = false;
+  k.iopub_lowat = k.iopub_lowered = false;
+  k.iopub_drain_until = {};
+  k.iopub_waiting = 0;
   k.shell.reset();
   k.control.reset();
   k.stdin_.reset();
