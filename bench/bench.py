@@ -9,7 +9,7 @@ Environment:
   BENCH_MB       flood size, megabytes  (default 20)
   BENCH_ROUNDS   alternating flood rounds with the client's UTF-8 check off, each gateway's
                  flood read both by websocket-client's frame reader and with a frame read
-                 whole; medians reported (default 3)
+                 whole; medians reported (default 5)
   BENCH_PRINTS   small prints in the per-message run (default 100000; 0 skips it)
   BENCH_REPS     latency repetitions, interleaved direct/peer/kgate, each followed by one
                  `wsclient.py interleaved` run per gateway and one `wsclient.py relayed` run
@@ -60,7 +60,7 @@ REPS = max(1, int(os.environ.get("BENCH_REPS", "2")))
 PAIRS = max(1, min(N, int(os.environ.get("BENCH_PAIRS", "4"))))
 COLD = max(1, int(os.environ.get("BENCH_COLD", "5")))
 PEER_COLD = max(2, int(os.environ.get("BENCH_PEER_COLD", "3")))
-ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "3")))
+ROUNDS = max(1, int(os.environ.get("BENCH_ROUNDS", "5")))
 PRINTS = max(0, int(os.environ.get("BENCH_PRINTS", "100000")))
 BUDGET = float(os.environ.get("BENCH_BUDGET", "900"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "results", "latest.json"))
