@@ -202,8 +202,10 @@ void KernelManager::Impl::read_iopub(KernelIo& k) {
 // the wake (bench/README.md, "The I/O thread's wakes").  So while a stream is held, iopub's
 // connection is readable only once kIopubLowat bytes wait (SO_RCVLOWAT), a dozen prints; the
 // hold's end lowers the mark, which Linux answers by waking libzmq if anything waits at all.
-// A message therefore waits no longer than the hold, as before.  A kernel whose connection is
-// not found (a transport other than TCP, an address that is a name) is batched as before.
+// A message waits one hold, as before; at most two and the drain (kIopubDrain) when libzmq had
+// not yet put what was under the mark in its pipe as the hold ended (read_iopub keeps holding,
+// with the mark down, rather than take that for a pause).  A kernel whose connection is not
+// found (a transport other than TCP, an address that is a name) is batched as before.
 static constexpr int kIopubLowat = 8 * 1024;
 // How long the channels wait, at most, for libzmq to read what waited under the mark.
 static constexpr auto kIopubDrain = std::chrono::milliseconds(5);
