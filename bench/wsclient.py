@@ -41,9 +41,10 @@ Every execute_request asks for store_history=False unless --store-history is giv
 otherwise costs the client more than the gateway costs (see bench/README.md).
 --whole-frames reads a frame's payload of WHOLE_FRAME bytes or more into one buffer, as a
 browser or Beast does, where websocket-client reads it 16 KiB at a time and joins the pieces
-(for a 20 MB frame: two copies of it in fresh memory and 1,280 reads in Python, about twice
-the gateway's own time on the path; bench/README.md "A frame read whole"). The result says
-which reader ran ("reader": "whole" or "stock"); an unknown websocket-client keeps its own.
+(for a 20 MB frame: two copies of it in fresh memory and 1,280 reads in Python, more than the
+gateway's own time on the path; bench/README.md, "The I/O thread's wakes, and a frame read
+whole"). The result says which reader ran ("reader": "whole" or "stock"); an unknown
+websocket-client keeps its own.
 
 Prints one JSON line: interleaved and relayed {"mode", "n", "pairs", "warmup", "direct_median_us",
 "direct_p90_us", "gateway_median_us", "gateway_p90_us", "ratio" (gateway median / direct median,
@@ -51,8 +52,9 @@ over all pairs' round trips), "pair_ratios"}, where relayed's gateway_* are the 
 modes {"mode", "n", "warmup", "median_us", "p10_us", "p90_us", "p99_us", "min_us", "max_us"}; flood
 modes {"mode", "printed_bytes", "received_bytes", "seconds", "MB_per_s", "idle_lost"}; prints modes
 {"mode", "count", "printed_bytes", "received_bytes", "received_messages", "seconds",
-"messages_per_s", "idle_lost"}; through a gateway, both also have "reader". idle_lost: the server lost the cell's idle (the wait for it ended
-IDLE_GRACE after the reply), and seconds end at the cell's last message. A flood or prints cell
+"messages_per_s", "idle_lost"}; through a gateway, both also have "reader". idle_lost: the
+server lost the cell's idle (the wait for it ended IDLE_GRACE after the reply), and seconds end
+at the cell's last message. A flood or prints cell
 stopped by SIGTERM first prints what had arrived: {"mode", "incomplete": true, "received_bytes",
 "received_messages", "replied", "idle", "seconds", ...}. Exit status 0, or 1 with the reason on
 stderr.

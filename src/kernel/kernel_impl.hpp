@@ -40,9 +40,9 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "kgate/kernel/tcp_under.hpp"
 #include "kgate/process/process.hpp"
 #include "kgate/process/supervisor.hpp"
-#include "kgate/kernel/tcp_under.hpp"
 
 namespace kgate {
 

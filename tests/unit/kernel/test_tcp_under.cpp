@@ -1,7 +1,8 @@
 // The TCP connection under a ZMQ socket (tcp_under.hpp): found among this process's
 // descriptors by its peer, held as a copy of its own, and what its mark does to readiness.
-// Real sockets on 127.0.0.1; the batching that uses it is tested through real kernels in
-// test_kernel.cpp (KernelRuntime, a stream of small outputs).
+// Real sockets on 127.0.0.1; the batching that uses it is tested in test_kernel.cpp (KernelRuntime,
+// a stream of small outputs from the fake kernel's real sockets) and with ipykernel in the
+// integration tests (test_backpressure, test_ws).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
