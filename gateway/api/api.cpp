@@ -318,10 +318,6 @@ void start_kernel(Services& server, StartRequest sr, Respond respond, bool keep_
   server.pool().start(std::move(sr), std::move(done));
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the request's Prefer header (RFC 7240) asks for `respond-async`. Each preference is
 // read on its own: Beast's ext_list takes `token *(; param)` and stops at a `wait=5`.
 bool prefers_async(const Request& req) {
