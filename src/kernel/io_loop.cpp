@@ -180,7 +180,8 @@ void KernelManager::Impl::read_iopub(KernelIo& k) {
   const bool was_held = k.iopub_held();
   const bool lowered = std::exchange(k.iopub_lowered, false);
   auto id = k.kernel->id();
-  std::size_t n = on_readable(k, *k.iopub, Channel::iopub);
+  std::size_t n = std::exchange(k.iopub_drained, 0);
+  n += on_readable(k, *k.iopub, Channel::iopub);
   if (!find(id) || !k.sockets_open()) return;
   if (was_held && n == 0 && lowered && opts.iopub_batch.count() > 0) {
     // The mark came down just now: what waited under it may be read by libzmq but not yet in
@@ -232,6 +233,25 @@ bool KernelManager::Impl::lower_iopub_lowat(KernelIo& k, bool drain) {
   if (!k.iopub_tcp.set_rcvlowat(1) || !drain || k.iopub_tcp.unread() == 0) return false;
   k.iopub_drain_until = Clock::now() + kIopubDrain;
   return true;
+}
+
+// During a drain, iopub stays in the poll: libzmq signals it once it has put what it read in
+// its pipe, and the drain ends as soon as nothing waits in the connection any more.  So a drain
+// takes as long as libzmq's read, not the 1 ms steps of the re-check in poll_once, which is
+// left for what never signals (bytes that end part-way through a message).  iopub is read on
+// the next pass (recheck), then the channels that waited, in that order.  What is read while the
+// drain lasts counts in that read (iopub_drained): a stream that went on is held again with the
+// mark up, not taken for one whose rest has not reached libzmq's pipe yet.
+void KernelManager::Impl::drain_iopub(KernelIo& k) {
+  if (k.iopub_tcp.unread() == 0) {
+    k.iopub_drain_until = {};
+    k.recheck |= KernelIo::bit(Channel::iopub) | std::exchange(k.iopub_waiting, 0);
+    return;
+  }
+  // Part of it came: read, so that iopub's ZMQ_FD signals the rest.
+  auto id = k.kernel->id();
+  std::size_t n = on_readable(k, *k.iopub, Channel::iopub);
+  if (find(id) && k.sockets_open()) k.iopub_drained += n;
 }
 
 void KernelManager::Impl::end_iopub_hold(KernelIo& k) {
@@ -437,8 +457,10 @@ void KernelManager::Impl::poll_once() {
         bits |= KernelIo::bit(Channel::iopub);
       const bool draining = k.iopub_draining();
       if (draining) {
-        k.iopub_waiting |= bits & static_cast<std::uint8_t>(kOrdered & ~KernelIo::bit(Channel::iopub));
-        bits &= static_cast<std::uint8_t>(~kOrdered);  // read when it ends
+        // shell, control and stdin are read when it ends; iopub as libzmq passes it on (drain_iopub)
+        const auto behind_iopub = static_cast<std::uint8_t>(kOrdered & ~KernelIo::bit(Channel::iopub));
+        k.iopub_waiting |= bits & behind_iopub;
+        bits &= static_cast<std::uint8_t>(~behind_iopub);
         next_hold = std::min(next_hold, std::min(k.iopub_drain_until, now + std::chrono::milliseconds(1)));
       } else if (k.iopub_held() && k.iopub_held_until > now) {
         held = true;
@@ -448,7 +470,7 @@ void KernelManager::Impl::poll_once() {
       zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
                                 k.hb.get()};
       for (int i = 0; i < 5; ++i) {
-        const bool out = (i == 3 && held) || (i <= 3 && draining);
+        const bool out = (i == 3 && held) || (i <= 2 && draining);
         fds.push_back({out ? -1 : socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
         slots.push_back({id, i});
       }
@@ -509,7 +531,11 @@ void KernelManager::Impl::poll_once() {
       case 0: if (k.shell) on_readable(k, *k.shell, Channel::shell); break;
       case 1: if (k.control) on_readable(k, *k.control, Channel::control); break;
       case 2: if (k.stdin_) on_readable(k, *k.stdin_, Channel::stdin_); break;
-      case 3: if (k.iopub) read_iopub(k); break;
+      case 3:
+        if (!k.iopub) break;
+        if (k.iopub_draining()) drain_iopub(k);
+        else read_iopub(k);
+        break;
       case 4: if (k.hb) on_hb(k); break;
       case 7: if (k.stdin_monitor) on_stdin_monitor(k); break;
     }

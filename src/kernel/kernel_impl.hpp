@@ -231,15 +231,16 @@ struct KernelIo {
   // While a stream is held, iopub's TCP connection (tcp_under.hpp: looked for once per opening
   // of the sockets, at the first hold) has SO_RCVLOWAT kIopubLowat, so libzmq's I/O thread
   // wakes once per that many bytes, not once per message; it is lowered whenever the hold ends.
-  // Lowered with bytes libzmq had not read yet, iopub and the channels that must not overtake it
-  // (shell, control, stdin) wait out of the poll until libzmq has read them, at most until
-  // iopub_drain_until.
+  // Lowered with bytes libzmq had not read yet, the channels that must not overtake iopub
+  // (shell, control, stdin) wait out of the poll until libzmq has read them (drain_iopub), at
+  // most until iopub_drain_until.
   TcpUnder iopub_tcp;
   bool iopub_tcp_looked = false;
   bool iopub_lowat = false;
   bool iopub_lowered = false;  // lowered since the last read (read_iopub)
   Clock::time_point iopub_drain_until{};
   std::uint8_t iopub_waiting = 0;  // the channels (KernelIo::bit) to read when the drain ends
+  std::size_t iopub_drained = 0;  // iopub's messages read during the drain, counted by read_iopub
   bool iopub_draining() const { return iopub_drain_until != Clock::time_point{}; }
   static constexpr std::uint8_t kHbBit = 1 << 4, kStdinMonitorBit = 1 << 7;
   static std::uint8_t bit(Channel ch) {
@@ -367,6 +368,8 @@ struct KernelManager::Impl {
   // Lowers it (if raised); true when libzmq has bytes of iopub still to read: then the kernel
   // drains (KernelIo::iopub_drain_until) before iopub and the channels after it are read.
   bool lower_iopub_lowat(KernelIo& k, bool drain);
+  // iopub signalled while its drain lasts: ends the drain if libzmq has read all that waited.
+  void drain_iopub(KernelIo& k);
   void end_iopub_hold(KernelIo& k);
   void count_stream(KernelIo& k, const KernelMessage& m, Clock::time_point now);
   void on_hb(KernelIo& k);

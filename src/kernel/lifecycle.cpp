@@ -146,6 +146,7 @@ void KernelManager::Impl::close_sockets(KernelIo& k) {
   k.iopub_lowat = k.iopub_lowered = false;
   k.iopub_drain_until = {};
   k.iopub_waiting = 0;
+  k.iopub_drained = 0;
   k.shell.reset();
   k.control.reset();
   k.stdin_.reset();
