@@ -282,6 +282,21 @@ struct KernelManager::Impl {
 
   // ---- I/O thread only ----
   std::map<std::string, std::unique_ptr<KernelIo>> io;
+  // poll_once's working set, kept across passes so that a pass allocates nothing.
+  struct Pass {
+    struct Slot {
+      std::uint32_t kernel;  // index into owners
+      int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
+    };
+    struct Recheck {
+      std::uint32_t kernel;
+      std::uint8_t bits;
+    };
+    std::vector<pollfd> fds;
+    std::vector<Slot> slots;
+    std::vector<KernelPtr> owners;  // the pass's kernels, in the order of io
+    std::vector<Recheck> rechecks;
+  } pass_;
   struct Timer {
     Clock::time_point when;
     std::uint64_t seq;
