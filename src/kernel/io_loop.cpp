@@ -425,35 +425,29 @@ void KernelManager::Impl::run() {
 // take a message's signal in while sending on that socket, so a socket just sent on, or whose
 // read stopped at its bound, is read on the next pass without waiting (KernelIo::recheck).
 void KernelManager::Impl::poll_once() {
-  // The pass's fds, and for each its kernel (an index into `owners`, whose shared_ptr keeps the
-  // id readable after a handler removed the kernel) and kind.  Kept across passes, so a pass
-  // allocates nothing: with 60 kernels, ~370 fds, building them with a copy of the kernel's id
-  // per fd cost 60-75 us a pass (bench/README "A pass's cost with 60 kernels").
-  auto& fds = pass_.fds;
-  auto& slots = pass_.slots;
-  auto& owners = pass_.owners;
-  auto& rechecks = pass_.rechecks;
-  fds.clear();
-  slots.clear();
-  owners.clear();
+  // What to wait on is kept in poll_set across passes; a pass tells it only what changed (a
+  // stream held or let go, a drain, sockets or a process that came or went), so its cost does
+  // not grow with the kernels held: with 60 idle kernels poll() walked ~370 descriptors each
+  // pass, half of kgate-io's CPU (bench/README.md, "A pass's cost").
+  auto& rechecks = rechecks_;
   rechecks.clear();
-  // The owners are let go as the pass ends, so a kernel removed in it is not kept until the next.
-  struct LetGo {
-    std::vector<KernelPtr>& owners;
-    ~LetGo() { owners.clear(); }
-  } let_go{owners};
   const auto now = Clock::now();
   auto next_hold = Clock::time_point::max();
-  fds.push_back({wake_fd, POLLIN, 0});
-  slots.push_back({0, 6});
-  if (reg) {
-    fds.push_back({reg->get(zmq::sockopt::fd), POLLIN, 0});
-    slots.push_back({0, 8});
+  constexpr auto tag = [](std::uint64_t serial, int kind) { return serial << 4 | std::uint64_t(kind); };
+  wake_polled.want(poll_set, wake_fd, 0, true, tag(0, 6));
+  if (!reg) reg_polled.leave();
+  else reg_polled.want(poll_set, reg->get(zmq::sockopt::fd), 0, true, tag(0, 8));
+  if (poll_ids.size() > 2 * io.size() + 16) {  // kernels removed since: forget them
+    poll_ids.clear();
+    for (auto& [id, kp] : io)
+      if (kp->poll_serial) poll_ids.emplace(kp->poll_serial, id);
   }
   for (auto& [id, kp] : io) {
     KernelIo& k = *kp;
-    const auto ki = static_cast<std::uint32_t>(owners.size());
-    owners.push_back(k.kernel);
+    if (!k.poll_serial) {
+      k.poll_serial = ++poll_serial_seq;
+      poll_ids.emplace(k.poll_serial, id);
+    }
     if (k.sockets_open()) {
       // A held iopub (read_iopub) is out of the poll until its time, then read without waiting.
       std::uint8_t bits = k.recheck;
@@ -478,27 +472,30 @@ void KernelManager::Impl::poll_once() {
         held = true;
         next_hold = std::min(next_hold, k.iopub_held_until);
       }
-      if (bits) rechecks.push_back({ki, bits});
+      if (bits) rechecks.push_back({k.poll_serial, bits});
       zmq::socket_t* socks[] = {k.shell.get(), k.control.get(), k.stdin_.get(), k.iopub.get(),
                                 k.hb.get()};
       for (int i = 0; i < 5; ++i) {
-        const bool out = (i == 3 && held) || (i <= 2 && draining);
-        fds.push_back({out ? -1 : socks[i]->get(zmq::sockopt::fd), POLLIN, 0});
-        slots.push_back({ki, i});
+        const bool on = !((i == 3 && held) || (i <= 2 && draining));
+        auto& m = k.polled[i];
+        if (m.holds(k.sockets_gen)) m.enable(on);
+        else m.want(poll_set, socks[i]->get(zmq::sockopt::fd), k.sockets_gen, on, tag(k.poll_serial, i));
       }
+    } else {
+      for (int i = 0; i < 5; ++i) k.polled[i].leave();
     }
-    if (k.proc.running() && k.proc.exit_fd() >= 0) {
-      fds.push_back({k.proc.exit_fd(), POLLIN, 0});
-      slots.push_back({ki, 5});
-    }
-    if (k.stdin_monitor) {
-      fds.push_back({k.stdin_monitor->get(zmq::sockopt::fd), POLLIN, 0});
-      slots.push_back({ki, 7});
-    }
-    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0) {
-      fds.push_back({k.tunnel.exit_fd(), POLLIN, 0});
-      slots.push_back({ki, 9});
-    }
+    // A process is told apart by its pid, and the stdin monitor goes with the sockets.
+    if (k.proc.running() && k.proc.exit_fd() >= 0)
+      k.polled[5].want(poll_set, k.proc.exit_fd(), std::uint64_t(k.proc.pid()), true, tag(k.poll_serial, 5));
+    else
+      k.polled[5].leave();
+    if (!k.stdin_monitor) k.polled[7].leave();
+    else if (!k.polled[7].holds(k.sockets_gen))
+      k.polled[7].want(poll_set, k.stdin_monitor->get(zmq::sockopt::fd), k.sockets_gen, true, tag(k.poll_serial, 7));
+    if (k.tunnel.running() && k.tunnel.exit_fd() >= 0)
+      k.polled[9].want(poll_set, k.tunnel.exit_fd(), std::uint64_t(k.tunnel.pid()), true, tag(k.poll_serial, 9));
+    else
+      k.polled[9].leave();
   }
   long timeout = 1000;
   auto next_due = std::min(next_hold, timers.empty() ? Clock::time_point::max() : timers.top().when);
@@ -516,7 +513,11 @@ void KernelManager::Impl::poll_once() {
 
   // EINTR (a signal sent to this thread alone: it blocks async signals) is a pass with nothing
   // ready; the rechecks still run.
-  int rc = ::poll(fds.data(), fds.size(), int(timeout));
+  if (events_.size() < 64) events_.resize(64);
+  int rc = poll_set.wait(events_.data(), int(events_.size()), int(timeout));
+  // In the order a kernel's channels are read in (its sockets, then its exit), as poll() gave them.
+  std::sort(events_.begin(), events_.begin() + rc,
+            [](const epoll_event& a, const epoll_event& b) { return a.data.u64 < b.data.u64; });
   if (have_nopidfd) {
     std::vector<std::string> ids;
     for (auto& [id, kp] : io)
@@ -554,10 +555,17 @@ void KernelManager::Impl::poll_once() {
   };
   // The sockets to read anyway: cleared first, so a send or a bounded read while reading sets
   // them again for the next pass.
-  for (const auto& [ki, bits] : rechecks) {
-    const std::string& id = owners[ki]->id();
-    KernelIo* k = find(id);
+  auto kernel_of = [this](std::uint64_t serial) -> KernelIo* {
+    auto it = poll_ids.find(serial);
+    if (it == poll_ids.end()) return nullptr;
+    KernelIo* k = find(it->second);
+    return k && k->poll_serial == serial ? k : nullptr;  // not one removed in this pass
+  };
+  for (const auto& [serial, bits] : rechecks) {
+    KernelIo* k = kernel_of(serial);
     if (!k) continue;
+    const KernelPtr kernel = k->kernel;  // its id stays readable if a read removes k
+    const std::string& id = kernel->id();
     k->recheck = 0;
     for (int kind : {3, 0, 1, 2, 4, 7}) {
       if (!(bits & (1 << kind))) continue;
@@ -566,35 +574,33 @@ void KernelManager::Impl::poll_once() {
     }
   }
   if (reg_recheck) on_registration();
-  if (rc <= 0) return;
-  for (std::size_t i = 0; i < fds.size(); ++i) {
-    if (!fds[i].revents) continue;
-    const auto& s = slots[i];
-    if (s.kind == 8) {
-      on_registration();
+  for (int i = 0; i < rc; ++i) {
+    const std::uint64_t serial = events_[i].data.u64 >> 4;
+    const int kind = int(events_[i].data.u64 & 15);
+    if (serial == 0) {
+      if (kind == 8) {
+        if (reg) on_registration();
+      } else {
+        std::uint64_t v;
+        [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
+      }
       continue;
     }
-    if (s.kind == 6) {
-      std::uint64_t v;
-      [[maybe_unused]] auto n = ::read(wake_fd, &v, sizeof v);
-      continue;
-    }
-    const std::string& id = owners[s.kernel]->id();
-    KernelIo* k = find(id);
+    KernelIo* k = kernel_of(serial);
     if (!k) continue;
     bool read_already = std::any_of(rechecks.begin(), rechecks.end(), [&](const auto& r) {
-      return r.kernel == s.kernel && s.kind != 5 && (r.bits & (1 << s.kind));
+      return r.serial == serial && kind != 5 && (r.bits & (1 << kind));
     });
     if (read_already) continue;
-    if (s.kind == 9) {
+    if (kind == 9) {
       if (k->tunnel.try_reap()) {
-        spdlog::warn("kernel {}: its SSH forwarding ended ({})", id, k->tunnel.describe_exit());
+        spdlog::warn("kernel {}: its SSH forwarding ended ({})", k->kernel->id(), k->tunnel.describe_exit());
         if (k->phase == KernelPhase::ready) link_lost(*k, "the SSH connection dropped");
       }
       continue;
     }
-    if (s.kind == 5) on_exit(*k);
-    else if (k->sockets_open()) read_socket(*k, s.kind);
+    if (kind == 5) on_exit(*k);
+    else if (k->sockets_open()) read_socket(*k, kind);
   }
 }
 

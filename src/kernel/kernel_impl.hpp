@@ -40,6 +40,7 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "kgate/kernel/poll_set.hpp"
 #include "kgate/kernel/tcp_under.hpp"
 #include "kgate/process/process.hpp"
 #include "kgate/process/supervisor.hpp"
@@ -216,6 +217,14 @@ struct KernelIo {
   bool sockets_open() const { return shell != nullptr; }
   std::string routing_id() const { return socket_gen ? session + "-" + std::to_string(socket_gen) : session; }
 
+  // What poll_once waits on for this kernel, by slot kind (0 shell ... 4 hb, 5 its exit, 7 the
+  // stdin monitor, 9 its SSH forwarding's exit), in Impl::poll_set under the tag
+  // (poll_serial << 4 | kind).  sockets_gen is bumped whenever the sockets open or close, so a
+  // member left from sockets that are gone is replaced, never read.
+  std::uint64_t poll_serial = 0;
+  std::uint64_t sockets_gen = 0;
+  PollSet::Member polled[10];
+
   // Sockets to read on the next pass without waiting for their ZMQ_FD (poll_once), one bit per
   // poll slot kind (1 << 0 shell ... 1 << 4 hb, 1 << 7 stdin monitor): a socket just sent on
   // (libzmq may then have taken in the signal of a message that arrived), one whose read stopped
@@ -281,22 +290,22 @@ struct KernelManager::Impl {
   std::map<std::string, KernelPtr> kernels;  // every live or dead kernel, by id
 
   // ---- I/O thread only ----
+  // What kgate-io waits on (poll_once), declared before what has members in it (io, below), so
+  // it outlives them.  A member's tag is (poll_serial << 4 | kind): serial 0 is kgate's own
+  // (kind 6 the wake eventfd, 8 the registration socket); each kernel's serial names its id in
+  // poll_ids, so an event for a kernel removed earlier in the same pass finds nothing.
+  PollSet poll_set;
+  PollSet::Member wake_polled, reg_polled;
+  std::unordered_map<std::uint64_t, std::string> poll_ids;
+  std::uint64_t poll_serial_seq = 0;
   std::map<std::string, std::unique_ptr<KernelIo>> io;
   // poll_once's working set, kept across passes so that a pass allocates nothing.
-  struct Pass {
-    struct Slot {
-      std::uint32_t kernel;  // index into owners
-      int kind;  // 0 shell 1 control 2 stdin 3 iopub 4 hb 5 exit 6 wake 7 stdin monitor 8 registration 9 ssh forwarding
-    };
-    struct Recheck {
-      std::uint32_t kernel;
-      std::uint8_t bits;
-    };
-    std::vector<pollfd> fds;
-    std::vector<Slot> slots;
-    std::vector<KernelPtr> owners;  // the pass's kernels, in the order of io
-    std::vector<Recheck> rechecks;
-  } pass_;
+  struct Recheck {
+    std::uint64_t serial;
+    std::uint8_t bits;
+  };
+  std::vector<Recheck> rechecks_;
+  std::vector<epoll_event> events_;
   struct Timer {
     Clock::time_point when;
     std::uint64_t seq;

@@ -94,6 +94,7 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
 
 void KernelManager::Impl::open_sockets(KernelIo& k) {
   close_sockets(k);
+  ++k.sockets_gen;
   auto make = [&](zmq::socket_type t, int port) {
     auto s = std::make_unique<zmq::socket_t>(ctx, t);
     s->set(zmq::sockopt::linger, 0);
@@ -147,6 +148,8 @@ void KernelManager::Impl::close_sockets(KernelIo& k) {
   k.iopub_drain_until = {};
   k.iopub_waiting = 0;
   k.iopub_drained = 0;
+  ++k.sockets_gen;
+  for (int kind : {0, 1, 2, 3, 4, 7}) k.polled[kind].leave();
   k.shell.reset();
   k.control.reset();
   k.stdin_.reset();
