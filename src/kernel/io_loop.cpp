@@ -420,8 +420,8 @@ void KernelManager::Impl::run() {
 // its poll(), and each ask is a getpid() and a poll() of that socket's mailbox (fork detection and
 // command processing in libzmq 4.3), so a pass cost 2 x 5 syscalls per kernel, ready or not:
 // ~75 poll() and ~80 getpid() per `1+1` with two kernels, and more with every kernel added.
-// Here each ZMQ socket's ZMQ_FD (its mailbox's eventfd) is in one ::poll(), and only a socket
-// whose FD fired is read, to EAGAIN, which re-arms the FD for the next message.  libzmq may
+// Here each ZMQ socket's ZMQ_FD (its mailbox's eventfd) is in one epoll set (poll_set), and only
+// a socket whose FD fired is read, to EAGAIN, which re-arms the FD for the next message.  libzmq may
 // take a message's signal in while sending on that socket, so a socket just sent on, or whose
 // read stopped at its bound, is read on the next pass without waiting (KernelIo::recheck).
 void KernelManager::Impl::poll_once() {

@@ -31,6 +31,19 @@ void signal(int fd) {
   ASSERT_EQ(::write(fd, &one, sizeof one), ssize_t(sizeof one));
 }
 
+// A connected pair of Unix stream sockets: ours (a supervisor's socket, as kgate holds it) and
+// the peer's.
+struct Link {
+  Fd ours{-1}, peer{-1};
+  Link() {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
+      ours.fd = sv[0];
+      peer.fd = sv[1];
+    }
+  }
+};
+
 std::vector<std::uint64_t> ready(PollSet& set, int timeout_ms = 0) {
   epoll_event ev[8];
   int n = set.wait(ev, 8, timeout_ms);
@@ -107,32 +120,30 @@ TEST(PollSet, ANewStampReplacesTheMemberEvenUnderTheSameNumber) {
 TEST(PollSet, ItsCopyKeepsAConnectionOpenUntilTheMemberLeaves) {
   // Why the loop drops a kernel's members with it: a process's supervisor sees kgate go when the
   // last descriptor of its socket closes.
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  Fd ours{sv[0]}, peer{sv[1]};
+  Link link;
+  ASSERT_GE(link.ours.fd, 0);
   PollSet set;
   {
     PollSet::Member m;
-    ASSERT_TRUE(m.want(set, ours.fd, 1, true, 0x40));
-    ours.reset();
+    ASSERT_TRUE(m.want(set, link.ours.fd, 1, true, 0x40));
+    link.ours.reset();
     char c;
-    EXPECT_EQ(::recv(peer.fd, &c, 1, MSG_DONTWAIT), -1);  // no EOF: the set's copy holds it
+    EXPECT_EQ(::recv(link.peer.fd, &c, 1, MSG_DONTWAIT), -1);  // no EOF: the set's copy holds it
     EXPECT_EQ(errno, EAGAIN);
   }
   char c;
-  EXPECT_EQ(::recv(peer.fd, &c, 1, MSG_DONTWAIT), 0);  // gone with the member
+  EXPECT_EQ(::recv(link.peer.fd, &c, 1, MSG_DONTWAIT), 0);  // gone with the member
 }
 
 TEST(PollSet, AHangUpIsReportedAsTheMembersTag) {
   // A supervisor's socket closing (the kernel's exit) is reported like poll()'s POLLHUP was.
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  Fd ours{sv[0]}, peer{sv[1]};
+  Link link;
+  ASSERT_GE(link.ours.fd, 0);
   PollSet set;
   PollSet::Member m;
-  ASSERT_TRUE(m.want(set, ours.fd, 4242, true, 0x55));
+  ASSERT_TRUE(m.want(set, link.ours.fd, 4242, true, 0x55));
   EXPECT_TRUE(ready(set).empty());
-  peer.reset();
+  link.peer.reset();
   EXPECT_EQ(ready(set, 1000), std::vector<std::uint64_t>{0x55});
 }
 
