@@ -479,19 +479,21 @@ void KernelManager::Impl::poll_once() {
         const bool on = !((i == 3 && held) || (i <= 2 && draining));
         auto& m = k.polled[i];
         if (m.holds(k.sockets_gen)) m.enable(on);
-        else m.want(poll_set, socks[i]->get(zmq::sockopt::fd), k.sockets_gen, on, tag(k.poll_serial, i));
+        else m.want(poll_set, socks[i]->get(zmq::sockopt::fd), k.sockets_gen, on, tag(k.poll_serial, i), true);
       }
     } else {
       for (int i = 0; i < 5; ++i) k.polled[i].leave();
     }
-    // A process is told apart by its pid, and the stdin monitor goes with the sockets.
+    // A process is told apart by its pid, and the stdin monitor goes with the sockets.  The
+    // sockets and the monitor are borrowed (PollSet): their members leave before they close.
     if (k.proc.running() && k.proc.exit_fd() >= 0)
       k.polled[5].want(poll_set, k.proc.exit_fd(), std::uint64_t(k.proc.pid()), true, tag(k.poll_serial, 5));
     else
       k.polled[5].leave();
     if (!k.stdin_monitor) k.polled[7].leave();
     else if (!k.polled[7].holds(k.sockets_gen))
-      k.polled[7].want(poll_set, k.stdin_monitor->get(zmq::sockopt::fd), k.sockets_gen, true, tag(k.poll_serial, 7));
+      k.polled[7].want(poll_set, k.stdin_monitor->get(zmq::sockopt::fd), k.sockets_gen, true, tag(k.poll_serial, 7),
+                       true);
     if (k.tunnel.running() && k.tunnel.exit_fd() >= 0)
       k.polled[9].want(poll_set, k.tunnel.exit_fd(), std::uint64_t(k.tunnel.pid()), true, tag(k.poll_serial, 9));
     else

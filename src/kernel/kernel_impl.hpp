@@ -219,8 +219,10 @@ struct KernelIo {
 
   // What poll_once waits on for this kernel, by slot kind (0 shell ... 4 hb, 5 its exit, 7 the
   // stdin monitor, 9 its SSH forwarding's exit), in Impl::poll_set under the tag
-  // (poll_serial << 4 | kind).  sockets_gen is bumped whenever the sockets open or close, so a
-  // member left from sockets that are gone is replaced, never read.
+  // (poll_serial << 4 | kind).  The sockets' and the monitor's members are borrowed (PollSet):
+  // they leave before those close (close_sockets, stop_stdin_monitor) and, declared after them,
+  // are destroyed first.  sockets_gen is bumped whenever the sockets close, so new sockets
+  // (open_sockets closes the old ones first) replace their members.
   std::uint64_t poll_serial = 0;
   std::uint64_t sockets_gen = 0;
   PollSet::Member polled[10];

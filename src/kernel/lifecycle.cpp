@@ -94,7 +94,6 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
 
 void KernelManager::Impl::open_sockets(KernelIo& k) {
   close_sockets(k);
-  ++k.sockets_gen;
   auto make = [&](zmq::socket_type t, int port) {
     auto s = std::make_unique<zmq::socket_t>(ctx, t);
     s->set(zmq::sockopt::linger, 0);
@@ -149,7 +148,7 @@ void KernelManager::Impl::close_sockets(KernelIo& k) {
   k.iopub_waiting = 0;
   k.iopub_drained = 0;
   ++k.sockets_gen;
-  for (int kind : {0, 1, 2, 3, 4, 7}) k.polled[kind].leave();
+  for (int kind : {0, 1, 2, 3, 4}) k.polled[kind].leave();  // borrowed: out before they close
   k.shell.reset();
   k.control.reset();
   k.stdin_.reset();
@@ -160,6 +159,7 @@ void KernelManager::Impl::close_sockets(KernelIo& k) {
 void KernelManager::Impl::stop_stdin_monitor(KernelIo& k) {
   if (!k.stdin_monitor) return;
   if (k.stdin_) zmq_socket_monitor(k.stdin_->handle(), nullptr, 0);
+  k.polled[7].leave();  // borrowed by the poll set: out of it before it closes
   k.stdin_monitor.reset();
 }
 

@@ -32,15 +32,17 @@ void PollSet::refused(const char* what) {
   spdlog::log(level, "kgate-io: {}: {}; that descriptor is not waited on", what, std::strerror(errno));
 }
 
-bool PollSet::Member::want(PollSet& set, int fd, std::uint64_t stamp, bool on, std::uint64_t tag) {
+bool PollSet::Member::want(PollSet& set, int fd, std::uint64_t stamp, bool on, std::uint64_t tag,
+                           bool borrowed) {
   if (fd < 0) {
     leave();
     return true;
   }
-  if (dup_ >= 0 && set_ == &set && src_ == fd && stamp_ == stamp && tag_ == tag) return enable(on);
+  if (dup_ >= 0 && set_ == &set && src_ == fd && stamp_ == stamp && tag_ == tag && borrowed_ == borrowed)
+    return enable(on);
   leave();
   ++set.changes_;
-  int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  int d = borrowed ? fd : ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (d < 0) {
     set.refused("fcntl(F_DUPFD_CLOEXEC)");
     return false;
@@ -50,9 +52,10 @@ bool PollSet::Member::want(PollSet& set, int fd, std::uint64_t stamp, bool on, s
   ev.data.u64 = tag;
   if (::epoll_ctl(set.ep_, EPOLL_CTL_ADD, d, &ev) != 0) {
     set.refused("epoll_ctl(ADD)");
-    ::close(d);
+    if (!borrowed) ::close(d);
     return false;
   }
+  borrowed_ = borrowed;
   set_ = &set;
   src_ = fd;
   dup_ = d;
@@ -82,7 +85,7 @@ void PollSet::Member::leave() {
   if (dup_ < 0) return;
   ++set_->changes_;
   ::epoll_ctl(set_->ep_, EPOLL_CTL_DEL, dup_, nullptr);
-  ::close(dup_);
+  if (!borrowed_) ::close(dup_);
   dup_ = src_ = -1;
   set_ = nullptr;
 }

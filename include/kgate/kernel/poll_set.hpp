@@ -3,8 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
-#include <vector>
 
 #include <sys/epoll.h>
 
@@ -15,11 +13,16 @@ namespace kgate {
 // pass with 60 idle kernels waits as cheaply as one with a single kernel, where poll() walked
 // every descriptor of every kernel on every pass (bench/README.md, "A pass's cost").
 //
-// Each descriptor goes in as a close-on-exec duplicate that the set owns (the descriptors are
-// libzmq's, a process's or a tunnel's): a number its owner closes, which the system may give to
-// anything next, is never added, changed or removed here.  The duplicate keeps the file open
-// until it leaves the set, so a member whose owner changed it (a restart's new sockets, a new
-// process) is told apart by its `stamp`, and the owner drops what it no longer wants.
+// A descriptor whose owner may close it unannounced (a process's pidfd or supervisor socket, a
+// tunnel's) goes in as a close-on-exec duplicate that the set owns: a number its owner closed,
+// which the system may give to anything next, is never added, changed or removed here.  The
+// duplicate keeps the file open until it leaves the set, so a member whose owner changed it (a
+// new process) is told apart by its `stamp`, and the owner drops what it no longer wants.  A
+// descriptor whose closing the caller always announces first (`borrowed`: the ZMQ sockets
+// kgate-io owns, whose members leave in close_sockets, stop_stdin_monitor and with their
+// KernelIo) goes in as it is, so it costs no descriptor: kgate holds 13 a kernel (12 when it
+// used poll()), where a copy of each made 18, which under systemd's default soft limit of 1,024
+// would have cut the kernels one kgate can hold from ~80 to ~55.
 class PollSet {
  public:
   PollSet();
@@ -37,8 +40,9 @@ class PollSet {
 
     // Wants `fd` in the set, reported when readable if `on` (kept in the set but silent if not).
     // `stamp` names what `fd` is (a generation): another fd or stamp replaces the member.  A
-    // negative fd leaves.  False (and out of the set) when the system refused.
-    bool want(PollSet& set, int fd, std::uint64_t stamp, bool on, std::uint64_t tag);
+    // negative fd leaves.  `borrowed`: the caller calls leave() before fd is closed, always; the
+    // set then uses fd itself.  False (and out of the set) when the system refused.
+    bool want(PollSet& set, int fd, std::uint64_t stamp, bool on, std::uint64_t tag, bool borrowed = false);
     // In the set for what `stamp` names: then only enable() may be needed, and the caller need
     // not look the descriptor up again.
     bool holds(std::uint64_t stamp) const { return dup_ >= 0 && stamp_ == stamp; }
@@ -49,9 +53,9 @@ class PollSet {
 
    private:
     PollSet* set_ = nullptr;
-    int src_ = -1, dup_ = -1;
+    int src_ = -1, dup_ = -1;  // dup_: the descriptor in the set (src_ itself when borrowed)
     std::uint64_t stamp_ = 0, tag_ = 0;
-    bool on_ = false;
+    bool on_ = false, borrowed_ = false;
   };
 
   // Waits up to timeout_ms (-1: for ever) for readable members; their tags, at most `max`

@@ -117,6 +117,28 @@ TEST(PollSet, ANewStampReplacesTheMemberEvenUnderTheSameNumber) {
   EXPECT_EQ(ready(set), std::vector<std::uint64_t>{0x30});
 }
 
+TEST(PollSet, ABorrowedDescriptorIsWaitedOnAsItIsAndLeftOpen) {
+  PollSet set;
+  Fd a{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+  Link link;
+  ASSERT_GE(link.ours.fd, 0);
+  {
+    PollSet::Member m;
+    ASSERT_TRUE(m.want(set, a.fd, 1, true, 0x60, /*borrowed=*/true));
+    signal(a.fd);
+    EXPECT_EQ(ready(set), std::vector<std::uint64_t>{0x60});
+    PollSet::Member n;
+    ASSERT_TRUE(n.want(set, link.ours.fd, 1, true, 0x61, /*borrowed=*/true));
+  }  // both leave, and close neither
+  std::uint64_t v = 0;
+  EXPECT_EQ(::read(a.fd, &v, sizeof v), ssize_t(sizeof v));
+  EXPECT_EQ(v, 1u);
+  EXPECT_TRUE(ready(set).empty());
+  char c;
+  EXPECT_EQ(::recv(link.peer.fd, &c, 1, MSG_DONTWAIT), -1);  // ours is still open: no EOF
+  EXPECT_EQ(errno, EAGAIN);
+}
+
 TEST(PollSet, ItsCopyKeepsAConnectionOpenUntilTheMemberLeaves) {
   // Why the loop drops a kernel's members with it: a process's supervisor sees kgate go when the
   // last descriptor of its socket closes.
