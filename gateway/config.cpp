@@ -204,6 +204,9 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
       } else if (section == "limits") {
         if (key == "max_body_bytes") opts.max_body_bytes = std::size_t(r.integer(node, full, 1024, big));
         else if (key == "max_header_bytes") opts.max_header_bytes = std::size_t(r.integer(node, full, 1024, 1 << 24));
+        else if (key == "max_connections") opts.max_connections = std::size_t(r.integer(node, full, 16, 1 << 20));
+        else if (key == "max_unauthenticated_connections")
+          opts.max_unauthenticated_connections = std::size_t(r.integer(node, full, 1, 1 << 20));
         else if (key == "max_ws_message_bytes") opts.max_ws_message_bytes = std::size_t(r.integer(node, full, 1024, big));
         else if (key == "client_queue_bytes") opts.client_queue_bytes = std::size_t(r.integer(node, full, 1024, big));
         else if (key == "client_queue_messages") opts.client_queue_messages = std::size_t(r.integer(node, full, 1, big));
@@ -229,6 +232,11 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
           opts.kernel.iopub_batch = std::chrono::milliseconds(r.integer(node, full, 0, 1000));
         else if (key == "heartbeat_misses") opts.kernel.heartbeat_misses = int(r.integer(node, full, 1, 1000));
         else if (key == "launch_attempts") opts.kernel.launch_attempts = int(r.integer(node, full, 1, 100));
+        else if (key == "transport") {
+          opts.kernel.transport = r.str(node, full);
+          if (opts.kernel.transport != "ipc" && opts.kernel.transport != "tcp")
+            r.fail(full, "must be \"ipc\" or \"tcp\"");
+        } else if (key == "tcp_kernelspecs") opts.kernel.tcp_kernelspecs = r.strings(node, full);
         else if (key == "orphan_timeout_seconds")
           opts.kernel.orphan_timeout = std::chrono::seconds(r.integer(node, full, 0, 30 * 86400));
         else r.fail(full, "unknown key");
@@ -309,10 +317,16 @@ std::string unsafe_settings(const GatewayOptions& opts) {
     return "refusing to listen on " + opts.ip +
            " without a token: anyone who can reach it could run code as you. Leave out --no-token "
            "(and token = \"\" in kgate.toml), or bind 127.0.0.1";
-  for (const auto& o : opts.allow_origins)
+  for (const auto& o : opts.allow_origins) {
     if (o == "*")
       return "refusing allow_origins = [\"*\"] without a token: any web page could run code as you. "
              "Leave out --no-token (and token = \"\"), or list the origins";
+    // A sandboxed iframe, a data: URL or a file page sends `Origin: null`: any page can be one.
+    if (o == "null")
+      return "refusing allow_origins = [\"null\"] without a token: any web page can send Origin: null "
+             "(from a sandboxed iframe), so it is as open as \"*\". Leave out --no-token (and token = \"\"), "
+             "or list the origins";
+  }
   return "";
 }
 

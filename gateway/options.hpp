@@ -49,6 +49,10 @@ struct GatewayOptions {
   // Limits.
   std::size_t max_body_bytes = 16u << 20;           // HTTP request body
   std::size_t max_header_bytes = 64u << 10;         // HTTP request header
+  // Connections held at once (HTTP and websockets), and those of them that have not passed the
+  // token check (http/connection_gate.hpp, docs/dev/limits.md "Connections").
+  std::size_t max_connections = 1024;
+  std::size_t max_unauthenticated_connections = 128;
   std::size_t max_ws_message_bytes = 256u << 20;    // one websocket message from a client
   std::size_t client_queue_bytes = 128u << 20;      // unsent output queued for one websocket
   std::size_t client_queue_messages = 200000;

@@ -41,19 +41,26 @@ Server::Server(GatewayOptions opts)
                                           opts_.discovery.probe_timeout}),
       acceptor_(ioc_),
       unix_(ioc_),
-      http_host_{opts_, unix_.path(),
+      http_host_{opts_, unix_.path(), gate_,
                  [this](Request& req, const RequestContext& ctx, Respond respond, std::function<Stream()> take_stream,
                         RespondInParts respond_in_parts) {
                    if (!take_stream) touch();  // a websocket's activity is its kernel's
                    route(*this, req, ctx, std::move(respond), std::move(take_stream), std::move(respond_in_parts));
                  }},
+      accept_retry_tcp_(ioc_),
+      accept_retry_unix_(ioc_),
       signals_(ioc_, SIGINT, SIGTERM),
       hup_(ioc_, SIGHUP) {
   opts_.state_dir = state_.path();
   if (opts_.token_source == TokenSource::automatic) {
     bool created = false;
-    opts_.token = state_.token(&created);
+    unsigned replaced_mode = 0;
+    opts_.token = state_.token(&created, &replaced_mode);
     if (created) spdlog::info("made kgate's token, in {}", (opts_.state_dir / "token").string());
+    if (replaced_mode)
+      spdlog::warn("{} was mode {:04o}, readable by other users: kgate made a new token in its place (0600); "
+                   "the owner's tools read the new one from there",
+                   (opts_.state_dir / "token").string(), replaced_mode);
   }
   if (state_.tightened())
     spdlog::warn("state directory {} was open to other users; it is mode 0700 now", state_.path().string());
@@ -61,7 +68,16 @@ Server::Server(GatewayOptions opts)
   if (opts_.root_dir.empty()) opts_.root_dir = std::filesystem::current_path();
   if (opts_.base_url.empty() || opts_.base_url.front() != '/') opts_.base_url = "/" + opts_.base_url;
   if (opts_.base_url.back() != '/') opts_.base_url += '/';
+  // Kernels start in other cwds: a relative dir would name another place for each of them.
+  opts_.runtime_dir = std::filesystem::absolute(opts_.runtime_dir).lexically_normal();
   ensure_private_dir(opts_.runtime_dir);
+  if (opts_.kernel.transport == "tcp")
+    spdlog::warn("[kernel] transport = \"tcp\": local kernels listen on 127.0.0.1 ports, and every local user "
+                 "can read their output (iopub needs no key) and reach their other sockets");
+  else if (!opts_.kernel.tcp_kernelspecs.empty())
+    spdlog::warn("[kernel] tcp_kernelspecs: kernels of {} listen on 127.0.0.1 ports, and every local user can "
+                 "read their output (iopub needs no key) and reach their other sockets",
+                 fmt::join(opts_.kernel.tcp_kernelspecs, ", "));
   // Kernels an earlier kgate left running (docs/dev/readoption.md): their files are not stale.
   opts_.kernel.table_dir = opts_.state_dir / "kernels";
   opts_.kernel.host_session = jobs_.session();  // the kernels' host: kgate's cells carry it (docs/dev/kernel-side.md)
@@ -281,29 +297,77 @@ void Server::do_accept() {
 
 void Server::accept_tcp() {
   acceptor_.async_accept(net::make_strand(ioc_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == net::error::operation_aborted) return;
+    std::chrono::milliseconds pause{0};
     if (ec) {
-      if (ec == net::error::operation_aborted) return;
-      spdlog::warn("accept: {}", ec.message());
-    } else if (tls_) {
-      std::make_shared<HttpSession>(Stream(std::in_place_type<TlsStream>, std::move(socket), *tls_), http_host_)->run();
+      pause = on_accept_error(ec, "");
     } else {
-      std::make_shared<HttpSession>(Stream(std::in_place_type<TcpStream>, std::move(socket)), http_host_)->run();
+      Stream stream = tls_ ? Stream(std::in_place_type<TlsStream>, std::move(socket), *tls_)
+                           : Stream(std::in_place_type<TcpStream>, std::move(socket));
+      if (!HttpSession::accept(std::move(stream), http_host_)) note_refused_connection();
     }
-    if (acceptor_.is_open()) accept_tcp();
+    if (!acceptor_.is_open()) return;
+    if (pause.count() == 0) return accept_tcp();
+    accept_retry_tcp_.expires_after(pause);
+    accept_retry_tcp_.async_wait([this](beast::error_code e) {
+      if (!e && acceptor_.is_open()) accept_tcp();
+    });
   });
 }
 
 void Server::accept_unix() {
   unix_.acceptor().async_accept(net::make_strand(ioc_), [this](beast::error_code ec, local::socket socket) {
+    if (ec == net::error::operation_aborted) return;
+    std::chrono::milliseconds pause{0};
     if (ec) {
-      if (ec == net::error::operation_aborted) return;
-      spdlog::warn("accept on unix:{}: {}", unix_.path().string(), ec.message());
+      pause = on_accept_error(ec, " on unix:" + unix_.path().string());
     } else {
       // The session checks the peer's uid (and answers a refused one with a 403).
-      std::make_shared<HttpSession>(Stream(std::in_place_type<UnixStream>, std::move(socket)), http_host_)->run();
+      if (!HttpSession::accept(Stream(std::in_place_type<UnixStream>, std::move(socket)), http_host_))
+        note_refused_connection();
     }
-    if (unix_.is_open()) accept_unix();
+    if (!unix_.is_open()) return;
+    if (pause.count() == 0) return accept_unix();
+    accept_retry_unix_.expires_after(pause);
+    accept_retry_unix_.async_wait([this](beast::error_code e) {
+      if (!e && unix_.is_open()) accept_unix();
+    });
   });
+}
+
+std::chrono::milliseconds Server::on_accept_error(const beast::error_code& ec, const std::string& where) {
+  // Out of descriptors: the connection waits in the listen queue, and accept would fail again at
+  // once, in a loop. The oldest unauthenticated connection gives its descriptor back and accept
+  // goes on; with none to close, it pauses.
+  const int e = ec.value();
+  const bool no_fds = ec.category() == boost::system::system_category() &&
+                      (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM);
+  const bool evicted = no_fds && gate_.evict_oldest();
+  ++accept_unlogged_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - accept_logged_ >= std::chrono::seconds(1)) {
+    spdlog::warn("accept{}: {} ({} time{} since the last line; {} connections open, {} not yet authenticated){}", where,
+                 ec.message(), accept_unlogged_, accept_unlogged_ == 1 ? "" : "s", gate_.open(),
+                 gate_.unauthenticated(),
+                 no_fds ? evicted ? "; closed the oldest unauthenticated connection"
+                                  : "; every descriptor is held by authenticated connections and kernels"
+                        : "");
+    accept_logged_ = now;
+    accept_unlogged_ = 0;
+  }
+  if (evicted) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(no_fds ? 100 : 10);
+}
+
+void Server::note_refused_connection() {
+  ++accept_unlogged_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - accept_logged_ < std::chrono::seconds(1)) return;
+  spdlog::warn("refused a connection: {} are open, the limit (max_connections), all past the token check "
+               "({} refusals and accept errors since the last line)",
+               gate_.open(), accept_unlogged_);
+  accept_logged_ = now;
+  accept_unlogged_ = 0;
 }
 
 void Server::with_catalog(std::function<void(std::shared_ptr<const Catalog>)> fn, const std::string& name) {
@@ -387,6 +451,8 @@ void Server::reload() {
                     n.kernel.heartbeat_misses != opts_.kernel.heartbeat_misses ||
                     n.kernel.iopub_batch != opts_.kernel.iopub_batch ||
                     n.kernel.launch_attempts != opts_.kernel.launch_attempts ||
+                    n.kernel.transport != opts_.kernel.transport ||
+                    n.kernel.tcp_kernelspecs != opts_.kernel.tcp_kernelspecs ||
                     n.kernel.max_pending != opts_.kernel.max_pending || n.kernel.max_held != opts_.kernel.max_held ||
                     n.kernel.max_message_bytes != opts_.kernel.max_message_bytes ||
                     n.kernel.orphan_timeout != opts_.kernel.orphan_timeout,
@@ -415,6 +481,9 @@ void Server::reload() {
   opts_.env_allow = std::move(n.env_allow);
   opts_.max_body_bytes = n.max_body_bytes;
   opts_.max_header_bytes = n.max_header_bytes;
+  opts_.max_connections = n.max_connections;
+  opts_.max_unauthenticated_connections = n.max_unauthenticated_connections;
+  gate_.set_limits(opts_.max_connections, opts_.max_unauthenticated_connections);
   opts_.max_ws_message_bytes = n.max_ws_message_bytes;  // for websockets opened from now on
   opts_.client_queue_bytes = n.client_queue_bytes;
   opts_.client_queue_messages = n.client_queue_messages;

@@ -83,6 +83,10 @@ class Server final : public Services {
   void do_accept();  // starts the accept loop of each listener
   void accept_tcp();
   void accept_unix();
+  // An accept that failed (out of descriptors, say) or a connection refused for want of a place:
+  // logged at most once a second. Returns how long to wait before the next accept.
+  std::chrono::milliseconds on_accept_error(const beast::error_code& ec, const std::string& where);
+  void note_refused_connection();
   void on_signal(beast::error_code ec, int sig);
   void arm_hup();
   void sweep_jobs();
@@ -98,6 +102,9 @@ class Server final : public Services {
   // stops here, before it touches the runtime dir or a kernel (docs/dev/kernel-lifecycle.md).
   StateDir state_;
   RecordLog records_;  // the job records on disk (<state>/records), fed by jobs_
+  // Every connection's place (http/connection_gate.hpp): before ioc_, so that the sessions its
+  // handlers still hold give theirs back to it.
+  ConnectionGate gate_{opts_.max_connections, opts_.max_unauthenticated_connections};
   net::io_context ioc_{1};
   Hub hub_;  // after ioc_, before manager_: the manager's thread posts into both
   JobStore jobs_;  // before manager_: the I/O thread feeds it
@@ -120,6 +127,10 @@ class Server final : public Services {
   tcp::acceptor acceptor_;
   UnixListener unix_;
   HttpHost http_host_;  // every HttpSession's: the options, and route() as its dispatch
+  net::steady_timer accept_retry_tcp_;   // an accept retried after a pause (on_accept_error)
+  net::steady_timer accept_retry_unix_;
+  std::chrono::steady_clock::time_point accept_logged_{};  // the last accept line logged
+  std::size_t accept_unlogged_ = 0;                         // failures and refusals since then
   net::signal_set signals_;
   net::signal_set hup_;  // SIGHUP: reload()
   tcp::endpoint endpoint_;

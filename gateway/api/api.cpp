@@ -484,7 +484,7 @@ void start_kernel_as_post(Services& server, const json& body, unsigned version, 
   Request req{http::verb::post, "/api/kernels", version};
   req.body() = body.dump();
   req.prepare_payload();
-  api_kernels_post(server, req, RequestContext{true, false}, std::move(respond));
+  api_kernels_post(server, req, RequestContext{true, false, nullptr}, std::move(respond));
 }
 
 // ---- The handlers of the Jupyter API's routes (routes.cpp) ----

@@ -1,7 +1,9 @@
 // kgate: the resident Jupyter kernel gateway.  main() parses options and wires the server.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string_view>
 #include <filesystem>
 #include <iostream>
 
@@ -16,6 +18,7 @@
 #include "cli/cli_stop.hpp"
 #include "config.hpp"
 #include "kgate/process/launcher.hpp"
+#include "kgate/process/process.hpp"
 #include "kgate/version.hpp"
 #include "cli/proxy_kernel.hpp"
 #include "server.hpp"
@@ -42,8 +45,7 @@ int main(int argc, char** argv) {
   bool no_token = false;
   serve->add_flag("--no-token", no_token,
                   "Serve without a token (as token = \"\" in kgate.toml): every local user of this machine "
-                  "could run code as you. Refused with a non-loopback --ip")
-      ->excludes(token_opt);
+                  "could run code as you. Refused with a non-loopback --ip");
   serve->add_option("--config", config, "kgate.toml to read (default $XDG_CONFIG_HOME/kgate/kgate.toml if it exists)");
   serve->add_option("--runtime-dir", runtime_dir,
                     "Where connection files go (default $JUPYTER_RUNTIME_DIR, else ~/.local/share/jupyter/runtime)");
@@ -175,8 +177,18 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
-  // Kernels inherit kgate's environment: the token must not be in it.
-  ::unsetenv("KGATE_TOKEN");
+  if (no_token && token_opt->count()) {
+    const bool on_argv = std::any_of(argv + 1, argv + argc, [](const char* a) {
+      return std::string_view(a) == "--token" || std::string_view(a).rfind("--token=", 0) == 0;
+    });
+    std::cerr << (on_argv ? "kgate: --no-token and --token exclude each other.\n"
+                          : "kgate: --no-token, but $KGATE_TOKEN is set in the environment: unset it, or leave out "
+                            "--no-token.\n");
+    return 2;
+  }
+  // Kernels inherit kgate's environment, and its own start-up copy is readable in
+  // /proc/<pid>/environ by the kernels' code: the token must be in neither.
+  kgate::scrub_environment("KGATE_TOKEN");
   std::filesystem::path cfg = config.empty() ? kgate::gw::default_config_path() : std::filesystem::path(config);
   bool use_cfg = !config.empty() || std::filesystem::exists(cfg);
   // Kernels are started under kgate-supervise (docs/dev/readoption.md), found by cli/paths.hpp.
@@ -219,6 +231,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  if (auto [was, now] = kgate::raise_fd_limit(); now != was)
+    spdlog::debug("descriptor limit raised from {} to {} (kernels start with {})", was, now, was);
   if (supervisor.empty())
     spdlog::warn("kgate-supervise is not beside this kgate, nor in ../lib/kgate/: kernels are its direct children");
   try {

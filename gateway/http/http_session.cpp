@@ -16,6 +16,11 @@ namespace kgate::gw {
 
 namespace {
 constexpr auto kReadTimeout = std::chrono::seconds(300);      // an idle keep-alive connection
+// A connection that has not passed the checks has this long for each request's header (its
+// first one included, so an idle one goes too): slowloris and idle floods hold nothing for long.
+constexpr auto kHeaderTimeout = std::chrono::seconds(10);
+// A refused request's unread body is read and dropped for at most this long before the close.
+constexpr auto kLingerTimeout = std::chrono::seconds(2);
 constexpr auto kHandshakeTimeout = std::chrono::seconds(10);  // a TLS client that says nothing
 constexpr auto kShutdownTimeout = std::chrono::seconds(5);    // a TLS peer that never answers close_notify
 // An answer in parts whose client does not read: past this many bytes waiting to be written,
@@ -45,6 +50,31 @@ HttpSession::HttpSession(Stream stream, const HttpHost& host) : stream_(std::mov
   auto peer = tcp_layer.socket().remote_endpoint(ec);
   peer_loopback_ = !ec && peer.address().is_loopback();
   tcp_layer.socket().set_option(tcp::no_delay(true), ec);
+}
+
+bool HttpSession::accept(Stream stream, const HttpHost& host) {
+  auto session = std::make_shared<HttpSession>(std::move(stream), host);
+  std::weak_ptr<HttpSession> weak = session;
+  session->slot_ = host.gate.admit([weak] {
+    if (auto s = weak.lock()) s->evict();
+  });
+  if (!session->slot_) {
+    // Every place is held by a connection that passed the checks: the owner's own. Refused
+    // without a word (there is no request yet to answer), and counted by the caller's log.
+    session->evict();
+    return false;
+  }
+  session->run();
+  return true;
+}
+
+void HttpSession::evict() {
+  std::visit(
+      [](auto& s) {
+        beast::error_code ec;
+        beast::get_lowest_layer(s).socket().close(ec);  // its operations end, and so does the session
+      },
+      stream_);
 }
 
 void HttpSession::run() {
@@ -91,8 +121,61 @@ void HttpSession::do_read() {
   parser_.emplace();
   parser_->body_limit(host_.options.max_body_bytes);
   parser_->header_limit(static_cast<std::uint32_t>(host_.options.max_header_bytes));
+  const auto timeout = slot_ && slot_->is_authenticated() ? kReadTimeout : kHeaderTimeout;
+  std::visit([timeout](auto& s) { beast::get_lowest_layer(s).expires_after(timeout); }, stream_);
+  async_read_header(stream_, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_header, shared_from_this()));
+}
+
+void HttpSession::on_header(beast::error_code ec, std::size_t n) {
+  if (ec) return on_read(ec, n);  // the same answers: a header over the limit, a timeout, a close
+  const Request& head = parser_->get();
+  if (!refused_.empty() || plain_on_tls_) {
+    return refuse(!refused_.empty()
+                      ? json_error(head, http::status::forbidden, refused_)
+                      : json_error(head, http::status::bad_request,
+                                   "This port serves https: use https://" + std::string(head[http::field::host]) +
+                                       std::string(head.target().substr(0, head.target().find('?')))));
+  }
+  if (auto refusal = check_request(host_.options, head, RequestContext{peer_loopback_, is_unix(stream_), slot_})) {
+    if (!is_cors_preflight(head)) add_cors_headers(host_.options, std::string(head[http::field::origin]), *refusal);
+    return refuse(std::move(*refusal));
+  }
+  if (slot_) slot_->authenticated();
+  if (parser_->is_done()) return on_read({}, 0);
   std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kReadTimeout); }, stream_);
-  async_read_request(stream_, buffer_, *parser_, beast::bind_front_handler(&HttpSession::on_read, shared_from_this()));
+  auto read_body = [self = shared_from_this()] {
+    async_read_request(self->stream_, self->buffer_, *self->parser_,
+                       beast::bind_front_handler(&HttpSession::on_read, self));
+  };
+  if (!beast::iequals(head[http::field::expect], "100-continue")) return read_body();
+  async_write_continue(stream_, [self = shared_from_this(), read_body](beast::error_code e, std::size_t) {
+    if (e) return self->do_close();
+    read_body();
+  });
+}
+
+void HttpSession::refuse(http::response<http::string_body> res) {
+  if (!parser_->is_done()) {  // its body was not read: the connection cannot go on
+    res.keep_alive(false);
+    linger_ = true;
+  }
+  write(std::move(res));
+}
+
+void HttpSession::linger() {
+  // What the client still sends is read and dropped, for a while: closing with unread bytes
+  // would reset the connection, and the client might lose the answer it was sent.
+  if (!scratch_) {
+    scratch_ = std::make_shared<std::array<char, 16384>>();
+    std::visit([](auto& s) { beast::get_lowest_layer(s).expires_after(kLingerTimeout); }, stream_);
+  }
+  std::visit(
+      [self = shared_from_this()](auto& s) {
+        s.async_read_some(net::buffer(*self->scratch_), [self](beast::error_code ec, std::size_t) {
+          if (!ec) self->linger();
+        });
+      },
+      stream_);
 }
 
 void HttpSession::on_read(beast::error_code ec, std::size_t) {
@@ -116,15 +199,6 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
     return do_close();
   }
   Request req = parser_->release();
-  if (!refused_.empty() || plain_on_tls_) {
-    auto res = !refused_.empty()
-                   ? json_error(req, http::status::forbidden, refused_)
-                   : json_error(req, http::status::bad_request,
-                                "This port serves https: use https://" + std::string(req[http::field::host]) +
-                                    std::string(req.target().substr(0, req.target().find('?'))));
-    res.keep_alive(false);
-    return write(std::move(res));
-  }
   // No request may take the daemon down: an exception from a handler is the client's 500.
   std::string method(req.method_string()), target(req.target());
   try {
@@ -141,13 +215,9 @@ void HttpSession::on_read(beast::error_code ec, std::size_t) {
 void HttpSession::dispatch(http::request<http::string_body> req) {
   // CORS: every answer to a listed Origin carries Access-Control-Allow-Origin (errors too, so
   // the page can read them); a preflight's answer has its own.
+  // Its header passed check_request (on_header).
   const std::string origin(req[http::field::origin]);
-  if (auto refusal = check_request(host_.options, req, RequestContext{peer_loopback_, is_unix(stream_)})) {
-    if (!is_cors_preflight(req)) add_cors_headers(host_.options, origin, *refusal);
-    return write(std::move(*refusal));
-  }
-
-  RequestContext ctx{peer_loopback_, is_unix(stream_)};
+  RequestContext ctx{peer_loopback_, is_unix(stream_), slot_};
   auto respond = [self = shared_from_this(), origin](Response res) {
     add_cors_headers(self->host_.options, origin, res);
     self->write(std::move(res));
@@ -263,6 +333,16 @@ void HttpSession::on_write(bool keep_alive, beast::error_code ec, std::size_t) {
 }
 
 void HttpSession::do_close() {
+  if (linger_ && !std::holds_alternative<TlsStream>(stream_)) {
+    linger_ = false;
+    std::visit(
+        [](auto& s) {
+          beast::error_code ec;
+          beast::get_lowest_layer(s).socket().shutdown(net::socket_base::shutdown_send, ec);
+        },
+        stream_);
+    return linger();
+  }
   if (auto* tls = std::get_if<TlsStream>(&stream_)) {
     // close_notify, so the client knows the response was not cut short; bounded.
     tls->next_layer().expires_after(kShutdownTimeout);

@@ -3,6 +3,7 @@
 // deadline; on a Unix one the peer's uid was checked when it was accepted.
 #pragma once
 
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <boost/beast/http/parser.hpp>
 
 #include "http/auth.hpp"
+#include "http/connection_gate.hpp"
 #include "http/request.hpp"
 #include "http/stream.hpp"
 #include "options.hpp"
@@ -23,6 +25,7 @@ namespace kgate::gw {
 struct HttpHost {
   const GatewayOptions& options;            // read at each use: a reload (SIGHUP) changes them
   const std::filesystem::path& unix_socket;  // for the log lines of a refused Unix peer
+  ConnectionGate& gate;                      // every connection's place (connection_gate.hpp)
   // Where a request goes once it passed check_request (the route table, routes.hpp).
   // `take_stream` is set for a websocket upgrade only; `respond_in_parts` where the connection
   // can send an answer in parts.
@@ -34,14 +37,28 @@ struct HttpHost {
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(Stream stream, const HttpHost& host);
+  // A connection just accepted: given a place by host.gate (the oldest unauthenticated
+  // connection may be closed for it), then run; closed at once when there is no place.
+  // Returns false for a connection closed that way.
+  static bool accept(Stream stream, const HttpHost& host);
   void run();
 
  private:
   void on_detect(beast::error_code ec, bool tls);
   void on_handshake(beast::error_code ec, std::size_t used);
+  // A request is read in two steps: its header, which must pass check_request before a byte
+  // of its body is read (an unauthenticated client gets its 401 for the header alone), then
+  // its body.
   void do_read();
+  void on_header(beast::error_code ec, std::size_t n);
   void on_read(beast::error_code ec, std::size_t n);
-  void dispatch(http::request<http::string_body> req);  // a request read and checked for the TLS/Unix refusals
+  // The answer to a request whose header was refused: the connection closes after it when the
+  // body was not read (and reads what is left of it for a while, so the client gets the answer
+  // rather than a reset).
+  void refuse(http::response<http::string_body> res);
+  void linger();
+  void evict();  // the gate's close: out of places, this connection is the oldest unauthenticated
+  void dispatch(http::request<http::string_body> req);  // a request read whole, its header checked
   void write(http::response<http::string_body> res);
   void on_write(bool keep_alive, beast::error_code ec, std::size_t n);
   void do_close();
@@ -61,6 +78,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool peer_loopback_ = false;  // a loopback TCP address, or the Unix socket
   bool plain_on_tls_ = false;   // a plain http client on the TLS port: answered with a 400
   std::string refused_;         // a Unix peer that is not served: why (answered with a 403)
+  std::shared_ptr<ConnectionGate::Slot> slot_;  // this connection's place; a websocket keeps it
+  bool linger_ = false;         // a refused request's body is unread: drain it before closing
+  std::shared_ptr<std::array<char, 16384>> scratch_;  // what linger() reads, and drops
   std::shared_ptr<http::response<http::string_body>> res_;
   struct {
     bool open = false;         // a response in parts is being sent (no other write, no read)

@@ -62,6 +62,11 @@ void async_write_response(Stream& s, const Response& res, IoHandler done) {
   send_serialized(s, ec, std::move(head), chunked ? net::const_buffer{} : net::buffer(res.body()), std::move(done));
 }
 
+void async_write_continue(Stream& s, IoHandler done) {
+  static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  send_serialized(s, {}, std::make_shared<std::string>(kContinue), net::const_buffer{}, std::move(done));
+}
+
 void async_write_head(Stream& s, const Response& res, IoHandler done) {
   beast::error_code ec;
   auto head = std::make_shared<std::string>(serialize(res, false, ec));

@@ -38,6 +38,9 @@ using RespondInParts = std::function<std::shared_ptr<PartsWriter>(Response head)
 struct RequestContext {
   bool peer_loopback = false;  // the client connected from a loopback address (or the Unix socket)
   bool unix_socket = false;    // the client connected to the Unix socket
+  // The connection's place among those kgate holds (http/connection_gate.hpp): a websocket
+  // session keeps it for as long as it holds the connection.
+  std::shared_ptr<void> connection;
 };
 
 // A JSON error in jupyter_server's shape: {"message": ..., "reason": ...}.

@@ -68,7 +68,9 @@ void agent_socket(Call& c) {
   std::string label = query_param(c.query, "label");
   if (agent.empty() || agent.size() > 256 || label.size() > 256)
     return c.respond(json_error(c.req, http::status::bad_request, "agent=ID is required (at most 256 bytes; label too)"));
-  std::make_shared<AgentSession>(c.take_stream(), c.services, AgentRef{agent, label})->run(std::move(c.req));
+  auto s = std::make_shared<AgentSession>(c.take_stream(), c.services, AgentRef{agent, label});
+  s->hold_place(c.ctx.connection);
+  s->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

@@ -20,6 +20,9 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
   AgentSession(Stream stream, Services& server, AgentRef agent);
   void run(http::request<http::string_body> req);
 
+  // The connection's place among those kgate holds (RequestContext::connection), kept with it.
+  void hold_place(std::shared_ptr<void> place) { connection_ = std::move(place); }
+
  private:
   void on_accept(beast::error_code ec);
   void do_read();
@@ -27,6 +30,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Services& server_;
+  std::shared_ptr<void> connection_;  // the connection's place (http/connection_gate.hpp), held with it
   AgentRef agent_;
   beast::flat_buffer rbuf_;
   std::string hello_;

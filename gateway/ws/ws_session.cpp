@@ -350,7 +350,9 @@ void kernel_channels(Call& c) {
   auto kernel = c.services.manager().get(c.param(0));
   if (!kernel) return c.respond(json_error(c.req, http::status::not_found, "Kernel does not exist: " + c.param(0)));
   std::string session = query_param(c.query, "session_id");
-  std::make_shared<WsSession>(c.take_stream(), c.services, kernel, session)->run(std::move(c.req));
+  auto s = std::make_shared<WsSession>(c.take_stream(), c.services, kernel, session);
+  s->hold_place(c.ctx.connection);
+  s->run(std::move(c.req));
 }
 
 }  // namespace kgate::gw

@@ -37,6 +37,9 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
   Unsent replace() override;
   void kernel_gone(const std::string& why) override;
 
+  // The connection's place among those kgate holds (RequestContext::connection), kept with it.
+  void hold_place(std::shared_ptr<void> place) { connection_ = std::move(place); }
+
  private:
   void on_accept(beast::error_code ec);
   void do_read();
@@ -50,6 +53,7 @@ class WsSession final : public WsClient, public std::enable_shared_from_this<WsS
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Services& server_;
+  std::shared_ptr<void> connection_;  // the connection's place (http/connection_gate.hpp), held with it
   KernelPtr kernel_;
   std::string session_id_;
   std::string route_;

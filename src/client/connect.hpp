@@ -25,6 +25,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "kgate/client/endpoint.hpp"
+#include "kgate/client/gateways_toml.hpp"
 #include "kgate/client/tls_stream.hpp"
 #include "kgate/version.hpp"
 
@@ -62,6 +63,9 @@ void async_open(Stream& s, tcp::resolver& resolver, const Endpoint& ep, std::chr
     beast::get_lowest_layer(s).async_connect(results, [&s, &ep, timeout, done](beast::error_code cec,
                                                                                const tcp::endpoint&) {
       if (cec) return done(cec, "");
+      // The default gateway on loopback: nothing goes to a port another user holds.
+      if (std::string why = foreign_peer_error(ep, beast::get_lowest_layer(s).socket().native_handle()); !why.empty())
+        return done(net::error::access_denied, why);
       tls::TlsStream* t = tls::tls_layer(s);
       if (!t) return done({}, "");
       std::string error;

@@ -1,7 +1,15 @@
 // kgate-mcp's configuration (see mcp_config.hpp).
 #include "kgate/client/gateways_toml.hpp"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+
 #include <cctype>
+#include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -62,38 +70,65 @@ std::string without_slash(std::string url) {
 
 }  // namespace
 
-bool loopback_listener_is_ours(const std::string& port) {
-  unsigned want = 0;
-  if (std::sscanf(port.c_str(), "%u", &want) != 1 || want == 0 || want > 65535) return false;
-  const unsigned euid = ::geteuid();
-  int found = 0;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // the header
-    while (std::getline(in, line)) {
-      // "  sl  local_address rem_address   st tx_queue:rx_queue tr:tm->when retrnsmt   uid ..."
-      std::istringstream ss(line);
-      std::string sl, local, remote, state, queues, timer, retr;
-      unsigned uid = 0;
-      if (!(ss >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid)) continue;
-      if (state != "0A") continue;  // TCP_LISTEN
-      auto colon = local.rfind(':');
-      if (colon == std::string::npos) continue;
-      unsigned p = 0;
-      if (std::sscanf(local.c_str() + colon + 1, "%x", &p) != 1 || p != want) continue;
-      if (uid != euid) return false;
-      ++found;
+long loopback_peer_uid(int fd) {
+  sockaddr_storage mine{}, peer{};
+  socklen_t ml = sizeof mine, pl = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &ml) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 || mine.ss_family != peer.ss_family)
+    return -1;
+  // The accepted socket's entry: its local address is our peer, its remote one us, printed as
+  // /proc/net/tcp prints them (each 32-bit word of the address in host order, %08X; the port %04X).
+  auto text = [](const sockaddr_storage& a) {
+    char buf[64];
+    if (a.ss_family == AF_INET) {
+      const auto& in = reinterpret_cast<const sockaddr_in&>(a);
+      std::snprintf(buf, sizeof buf, "%08X:%04X", in.sin_addr.s_addr, ntohs(in.sin_port));
+    } else {
+      const auto& in6 = reinterpret_cast<const sockaddr_in6&>(a);
+      std::uint32_t w[4];
+      std::memcpy(w, &in6.sin6_addr, sizeof w);
+      std::snprintf(buf, sizeof buf, "%08X%08X%08X%08X:%04X", w[0], w[1], w[2], w[3], ntohs(in6.sin6_port));
     }
+    return std::string(buf);
+  };
+  bool loopback = false;
+  if (peer.ss_family == AF_INET) {
+    loopback = (ntohl(reinterpret_cast<const sockaddr_in&>(peer).sin_addr.s_addr) >> 24) == 127;
+  } else if (peer.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(peer).sin6_addr;
+    loopback = IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
   }
-  return found > 0;
+  if (!loopback) return -1;
+  const std::string local = text(peer), remote = text(mine);
+  std::ifstream in(peer.ss_family == AF_INET ? "/proc/net/tcp" : "/proc/net/tcp6");
+  std::string line;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    std::istringstream ss(line);
+    std::string sl, l, r, state, queues, timer, retr;
+    long uid = -1;
+    if (!(ss >> sl >> l >> r >> state >> queues >> timer >> retr >> uid)) continue;
+    if (l == local && r == remote) return uid;
+  }
+  return -1;
+}
+
+std::string foreign_peer_error(const Endpoint& ep, int fd) {
+  if (!ep.verify_peer) return "";
+  const long uid = loopback_peer_uid(fd);
+  if (uid == long(::geteuid())) return "";
+  std::string who = uid < 0 ? "a process kgate-mcp cannot identify" : "uid " + std::to_string(uid);
+  if (uid >= 0)
+    if (const passwd* pw = ::getpwuid(uid_t(uid)); pw && pw->pw_name) who += " (" + std::string(pw->pw_name) + ")";
+  return ep.url + " is served by " + who + ", not by you (uid " + std::to_string(::geteuid()) + "): " +
+         program_invocation_short_name + " sent it nothing, no token, environment, path or code. Another user " +
+         "may be listening on the port while your kgate is down: start kgate (it says so if the port is taken), " +
+         "or point $KGATE_URL at it";
 }
 
 std::string send_token(const Endpoint& ep) {
   if (!ep.token.empty() || !ep.local_token) return ep.token;
-  std::string token = read_local_token(default_state_dir());
-  if (token.empty() || !loopback_listener_is_ours(ep.port)) return "";
-  return token;
+  return read_local_token(default_state_dir());
 }
 
 void parse_gateways(const std::string& text, const std::string& source, Config& cfg) {
@@ -172,7 +207,8 @@ bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, s
     if (!parse_endpoint_url(host.empty() ? cfg.default_url : host, ep, error)) return false;
     ep.token = cfg.default_token;
     // Without $KGATE_TOKEN, the owner's kgate's own token may go to it (send_token checks).
-    ep.local_token = ep.token.empty() && !ep.is_unix() && is_loopback_host(ep.host);
+    ep.verify_peer = !ep.is_unix() && is_loopback_host(ep.host);
+    ep.local_token = ep.token.empty() && ep.verify_peer;
     return true;
   }
   if (host.find("://") != std::string::npos) {

@@ -179,6 +179,23 @@ ConnectionInfo ConnectionInfo::from_json(const json& j) {
   return c;
 }
 
+std::vector<fs::path> ipc_socket_paths(const ConnectionInfo& c) {
+  std::vector<fs::path> out;
+  if (c.transport != "ipc") return out;
+  for (int port : {c.shell_port, c.iopub_port, c.stdin_port, c.control_port, c.hb_port})
+    if (port > 0) out.emplace_back(c.ip + "-" + std::to_string(port));
+  return out;
+}
+
+void remove_ipc_sockets(const ConnectionInfo& c) {
+  auto paths = ipc_socket_paths(c);
+  if (!paths.empty()) paths.emplace_back(c.ip + "-pipe");  // ipykernel's IOPub pipe, moved there (kernel side)
+  for (const auto& p : paths) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) ::unlink(p.c_str());
+  }
+}
+
 ConnectionInfo load_connection_info(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) fail(path, "is a directory, not a connection file");
@@ -316,6 +333,12 @@ std::vector<std::string> remove_stale_connection_files(const fs::path& runtime_d
     if (alive) continue;
     for (const std::string prefix : {"kernel-", "pool-"}) {
       const std::string conn = prefix + id + ".json";
+      // Its ipc sockets first, while the file still names them (only those in this dir).
+      try {
+        const ConnectionInfo info = load_connection_info(runtime_dir / conn);
+        if (info.transport == "ipc" && fs::path(info.ip).parent_path() == runtime_dir) remove_ipc_sockets(info);
+      } catch (const std::exception&) {
+      }
       if (fs::remove(runtime_dir / conn, ec)) removed.push_back(conn);
       ec.clear();
     }
@@ -375,6 +398,37 @@ void ensure_private_dir(const fs::path& dir) {
     fail(dir, "owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
                   std::to_string(::geteuid()) + "); give kgate a directory of its own");
   if ((st.st_mode & 0777) != 0700 && ::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
+  check_parents(dir);
+}
+
+void check_parents(const fs::path& dir) {
+  // The real path: a symlink on the way is resolved once, here, and its target's folders checked.
+  char* real = ::realpath(dir.c_str(), nullptr);
+  if (!real) fail(dir, "realpath: " + errno_text(errno));
+  const fs::path path(real);
+  std::free(real);
+  const uid_t me = ::geteuid();
+  std::vector<fs::path> parents{"/"};
+  for (const auto& part : path.relative_path()) parents.push_back(parents.back() / part);
+  parents.pop_back();  // `dir` itself: the caller's
+  for (const auto& folder : parents) {
+    struct stat st {};
+    if (::lstat(folder.c_str(), &st) != 0) fail(dir, folder.string() + ": " + errno_text(errno));
+    if (st.st_uid != 0 && st.st_uid != me)
+      fail(dir, "its parent folder " + folder.string() + " is owned by uid " + std::to_string(st.st_uid) +
+                    ", who could swap a folder or a symlink on the way after kgate checked it; give kgate a "
+                    "directory whose every parent is root's or yours");
+    const bool sticky_roots = st.st_uid == 0 && (st.st_mode & S_ISVTX);  // /tmp: nobody moves what is not theirs
+    const bool others_write =
+        (st.st_mode & S_IWOTH) || ((st.st_mode & S_IWGRP) && st.st_gid != ::getegid() && st.st_gid != 0);
+    if (others_write && !sticky_roots) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+      fail(dir, "its parent folder " + folder.string() + " is writable by other users (mode " + mode +
+                    "), who could swap a folder or a symlink on the way after kgate checked it; give kgate a "
+                    "directory whose every parent only root or you can write to");
+    }
+  }
 }
 
 // ---- random ids ------------------------------------------------------------------------

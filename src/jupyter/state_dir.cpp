@@ -63,6 +63,7 @@ StateDir StateDir::open(const fs::path& dir) {
     s.tightened_ = existed && (st.st_mode & 0077) != 0;
     if (::chmod(dir.c_str(), 0700) != 0) fail(dir, "chmod 0700: " + errno_text(errno));
   }
+  check_parents(dir);  // no one else can swap the way to it later
   const fs::path lock = dir / "kgate.lock";
   int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) fail(dir, "cannot open " + lock.filename().string() + ": " + errno_text(errno));
@@ -152,24 +153,27 @@ int read_first_line(const fs::path& file, std::string& line, struct stat& st) {
 
 }  // namespace
 
-std::string StateDir::token(bool* created) const {
+std::string StateDir::token(bool* created, unsigned* replaced_mode) const {
   const fs::path file = dir_ / kTokenFile;
   std::string line;
   struct stat st{};
   if (created) *created = false;
+  if (replaced_mode) *replaced_mode = 0;
   const int err = read_first_line(file, line, st);
   if (err == 0) {
     if (!valid_token(line))
       fail(dir_, std::string(kTokenFile) + " is not a token kgate made (64 hex digits); remove it and kgate "
                  "makes a new one, or give your own with --token, $KGATE_TOKEN or token_file");
     if (st.st_uid != ::geteuid()) fail(dir_, std::string(kTokenFile) + " is owned by uid " + std::to_string(st.st_uid));
-    if ((st.st_mode & 0077) != 0) ::chmod(file.c_str(), 0600);
-    return line;
+    if ((st.st_mode & 0077) == 0) return line;
+    // Others could read it: whoever did holds it. A new one, written 0600 in its place.
+    if (replaced_mode) *replaced_mode = unsigned(st.st_mode & 07777);
+  } else if (err != ENOENT) {
+    fail(dir_, std::string("cannot read ") + kTokenFile + ": " + errno_text(err));
   }
-  if (err != ENOENT) fail(dir_, std::string("cannot read ") + kTokenFile + ": " + errno_text(err));
   const std::string tok = random_hex(kTokenBytes);
   write_file_atomically(file, tok + "\n");
-  if (created) *created = true;
+  if (created) *created = err != 0;
   return tok;
 }
 

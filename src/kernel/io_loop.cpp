@@ -334,6 +334,10 @@ void KernelManager::Impl::handle_message(KernelIo& k, Channel ch, KernelMessage&
       json side = kernel_side_from_reply(json::parse(m.wire.content, nullptr, false));
       if (!side.value("installed", false))
         spdlog::warn("kernel {}: kgate's kernel side is off: {}", k.kernel->id(), side.value("reason", ""));
+      else if (k.conn.transport == "ipc" && side.value("ipc_pipe", json(true)).is_string())
+        spdlog::warn("kernel {}: ipykernel's IOPub pipe (output of forked subprocesses) still listens on a "
+                     "127.0.0.1 TCP port, where other users can send it messages it drops: {}",
+                     k.kernel->id(), side["ipc_pipe"].get<std::string>());
       // The task that runs now (a re-adopted kernel's, started under the kgate before): the
       // records keep its job running, and end any other task's whose end was not heard.
       const bool says = side.contains("running_task");

@@ -292,7 +292,17 @@ void KernelManager::start(StartRequest req, std::function<void(StartResult)> don
     k->request = std::move(req);
     k->conn.key = new_uuid();
     k->conn.kernel_name = kernel->spec().name;
-    k->conn.ip = "127.0.0.1";
+    const auto& tcp_specs = m.opts.tcp_kernelspecs;
+    if (m.opts.transport == "ipc" && !k->request.launcher &&
+        std::find(tcp_specs.begin(), tcp_specs.end(), kernel->spec().name) == tcp_specs.end()) {
+      // Unix sockets in the 0700 runtime dir, "<ip>-<n>": named by the id's head, so the paths
+      // stay short (sun_path holds 107 bytes) under a long runtime dir.
+      k->conn.transport = "ipc";
+      k->conn.ip = (m.runtime_dir / ((k->request.pooled ? "pool-" : "kernel-") + kernel->id().substr(0, 8) + "-ipc"))
+                       .string();
+    } else {
+      k->conn.ip = "127.0.0.1";
+    }
     k->signer = std::make_unique<Signer>(k->conn.key, k->conn.signature_scheme);
     k->file = m.runtime_dir / ((k->request.pooled ? "pool-" : "kernel-") + kernel->id() + ".json");
     k->start_waiters.push_back(std::move(done));

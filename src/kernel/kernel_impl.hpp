@@ -316,7 +316,7 @@ struct KernelManager::Impl {
   };
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers;
   std::uint64_t timer_seq = 0;
-  std::set<int> reserved_ports;
+  std::set<int> reserved_ports;  // the TCP ports of kernels on tcp, kept from the next pick
   std::uint64_t dropped_invalid = 0;
 
   // Remote launchers (docs/dev/remote-launchers.md): the registration ROUTER (bound at the first remote start),
@@ -405,6 +405,12 @@ struct KernelManager::Impl {
   void handle_message(KernelIo& k, Channel ch, KernelMessage&& m);
 
   void launch(KernelIo& k, bool fresh_ports);
+  // A tcp kernel's five ports out of reserved_ports (a no-op for ipc, whose "ports" are names).
+  void release_ports(KernelIo& k) {
+    if (k.conn.transport != "tcp") return;
+    for (int p : {k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port, k.conn.hb_port})
+      reserved_ports.erase(p);
+  }
   void open_sockets(KernelIo& k);
   void close_sockets(KernelIo& k);
   void stop_stdin_monitor(KernelIo& k);

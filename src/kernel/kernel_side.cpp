@@ -80,6 +80,9 @@ json kernel_side_from_reply(const json& content) {
                                       : std::string("not offered by this version of the kernel side"));
   }
   json out = {{"installed", true}, {"version", rep.value("version", 0)}, {"features", features}};
+  // Version 3 on: ipykernel's IOPub pipe moved to ipc (true), or why not (a kernel on tcp, ...).
+  if (off.is_object() && off.contains("ipc_pipe") && off["ipc_pipe"].is_string()) out["ipc_pipe"] = off["ipc_pipe"];
+  else if (on.is_array() && std::find(on.begin(), on.end(), "ipc_pipe") != on.end()) out["ipc_pipe"] = true;
   // Version 2 on: the task that runs, or null (an older kernel side, kept by a re-adopted kernel,
   // does not say, so nothing is concluded from it).
   if (rep.contains("task")) out["running_task"] = rep["task"].is_string() ? rep["task"] : json(nullptr);

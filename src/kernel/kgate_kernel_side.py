@@ -30,6 +30,9 @@
 #   kernel down or restarts it: the cell and the task that run are stopped as above, and the
 #   reply waits (up to wait_ms) for them to end, so their finally blocks run and the
 #   shutdown_request after it ends the process normally, atexit handlers and all.
+# - ipc_pipe: on a kernel kgate put on ipc, ipykernel's IOPub "pipe" (a PULL socket on a 127.0.0.1
+#   TCP port, where forked subprocesses send their output, each message led by 16 random bytes) is
+#   moved beside the kernel's own ipc sockets (<ip>-pipe), so the kernel has no TCP port left.
 # A part that cannot be installed is reported off, with the reason; the others still work.
 #
 # ipykernel internals relied on (ipykernel 6.17 on Debian 12, and later 6.x):
@@ -45,6 +48,9 @@
 #   pre_handler_hook), and a blocked threading.Lock.acquire is interrupted by it;
 # - a control handler's awaitable result is awaited on the control thread's asyncio loop (the
 #   close waits there with asyncio.sleep; control requests are handled one at a time).
+# - Kernel.iopub_thread (IOPubThread): its io_loop, _pipe_in (a ZMQStream), _pipe_port, and
+#   _setup_pipe_out(), which a forked child calls to connect to the pipe; IPKernelApp's
+#   transport and ip.
 import asyncio
 import ctypes
 import inspect
@@ -56,7 +62,7 @@ import threading
 import time
 import traceback
 
-VERSION = 2  # 2: the close, %%run_async, report()'s task, a task's error as an iopub error
+VERSION = 3  # 2: the close, %%run_async, report()'s task, a task's error as an iopub error; 3: ipc_pipe
 MODULE = "kgate_kernel_side"
 
 _state = None  # set by install(): {"host", "kernel", "features", "off"}
@@ -316,6 +322,53 @@ def _stop(kernel):
     return kgate_request
 
 
+def _pipe_to_ipc(kernel):
+    """Moves ipykernel's IOPub pipe from its TCP port to an ipc socket beside the kernel's own;
+    "" when done, else why not."""
+    try:
+        from ipykernel.kernelapp import IPKernelApp
+    except ImportError:
+        return "no ipykernel.kernelapp"
+    if not IPKernelApp.initialized():
+        return "the kernel was not started by IPKernelApp"
+    app = IPKernelApp.instance()
+    if getattr(app, "transport", "tcp") != "ipc":
+        return "the kernel is on tcp"
+    thread = getattr(kernel, "iopub_thread", None)
+    stream = getattr(thread, "_pipe_in", None)
+    port = getattr(thread, "_pipe_port", None)
+    if stream is None or port is None or not hasattr(thread, "_setup_pipe_out") or not hasattr(thread, "io_loop"):
+        return "ipykernel's IOPub thread has no pipe of the shape kgate knows"
+    path = app.ip + "-pipe"
+    done, failed = threading.Event(), []
+
+    def move():  # on the IOPub thread, which owns the socket
+        try:
+            stream.socket.bind("ipc://" + path)
+            stream.socket.unbind("tcp://127.0.0.1:%i" % port)
+        except Exception as e:  # noqa: BLE001 (reported, the pipe stays as it was)
+            failed.append(e)
+        done.set()
+
+    thread.io_loop.add_callback(move)
+    if not done.wait(5):
+        return "the IOPub thread did not run the move within 5 s"
+    if failed:
+        return "cannot move the IOPub pipe: %s" % failed[0]
+
+    def setup_pipe_out():  # what a forked child connects with (ipykernel's, on the ipc path)
+        import zmq
+
+        ctx = zmq.Context()
+        out = ctx.socket(zmq.PUSH)
+        out.linger = 3000
+        out.connect("ipc://" + path)
+        return ctx, out
+
+    thread._setup_pipe_out = setup_pipe_out
+    return ""
+
+
 def report():
     s = _state or {}
     task = _task  # read once
@@ -389,4 +442,9 @@ def install(host):
     else:
         shell.register_magic_function(_run_async, magic_kind="cell", magic_name="run_async")
         features.append("run_async")
+    why = _pipe_to_ipc(kernel)
+    if why:
+        off["ipc_pipe"] = why
+    else:
+        features.append("ipc_pipe")
     return report()

@@ -20,16 +20,33 @@ void KernelManager::Impl::launch(KernelIo& k, bool fresh_ports) {
   ++k.epoch;
   ++k.attempts;
   if (fresh_ports || k.conn.shell_port == 0) {
-    for (int p : {k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port,
-                  k.conn.hb_port})
-      reserved_ports.erase(p);
-    auto ports = pick_ports(k.conn.ip, 5, reserved_ports);
+    std::vector<int> ports;
+    if (k.conn.transport == "ipc") {
+      // Fresh names after the last ones (a kernel still dying keeps its own), none of them in use.
+      remove_ipc_sockets(k.conn);
+      int n = std::max({k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port,
+                        k.conn.hb_port});
+      std::error_code ec;
+      while (ports.size() < 5) {
+        ++n;
+        if (!std::filesystem::exists(k.conn.ip + "-" + std::to_string(n), ec)) ports.push_back(n);
+      }
+      const std::string longest = k.conn.ip + "-" + std::to_string(n);
+      if (longest.size() > kMaxUnixSocketPath)
+        throw std::runtime_error("the kernel's ipc socket path " + longest + " is " + std::to_string(longest.size()) +
+                                 " bytes, past the " + std::to_string(kMaxUnixSocketPath) +
+                                 " a Unix socket allows: give kgate a shorter --runtime-dir, or set [kernel] "
+                                 "transport = \"tcp\"");
+    } else {
+      release_ports(k);
+      ports = pick_ports(k.conn.ip, 5, reserved_ports);
+      for (int p : ports) reserved_ports.insert(p);
+    }
     k.conn.shell_port = ports[0];
     k.conn.iopub_port = ports[1];
     k.conn.stdin_port = ports[2];
     k.conn.control_port = ports[3];
     k.conn.hb_port = ports[4];
-    for (int p : ports) reserved_ports.insert(p);
   }
   write_connection_file(k.file, k.conn);
   write_owner_file(runtime_dir, k.kernel->id());  // a later kgate can tell whose files these are
@@ -703,9 +720,8 @@ void KernelManager::Impl::finish_removal(KernelIo& k) {
   fail_pending(k, "KernelShutdown", "kgate: the kernel was shut down");
   std::error_code ec;
   std::filesystem::remove(k.file, ec);
-  for (int p : {k.conn.shell_port, k.conn.iopub_port, k.conn.stdin_port, k.conn.control_port,
-                k.conn.hb_port})
-    reserved_ports.erase(p);
+  remove_ipc_sockets(k.conn);  // a kernel killed before its own cleanup leaves them
+  release_ports(k);
   KernelPtr kernel = k.kernel;
   // A start still waiting (a queued remote job deleted before it ran): its one answer.
   auto start_waiters = std::move(k.start_waiters);

@@ -256,7 +256,7 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
                             : ChildProcess::connect_supervisor(e.supervisor, 2000, e.supervisor_pid);
       if (hello.fd < 0 && tunnel.running()) tunnel.signal(SIGTERM);
       std::string dead;  // why the kernel is gone: it is listed dead, never re-adopted
-      if (hello.impostor) {  // never adopted, so never signalled
+      if (hello.impostor || hello.no_answer) {  // never adopted, so never signalled
         spdlog::error("kernel {}: {}", e.id, hello.why);
         dead = "the kernel is not re-adopted: " + hello.why;
       } else if (hello.fd < 0) {
@@ -304,9 +304,10 @@ std::vector<std::string> KernelManager::adopt(std::vector<KernelTableEntry> entr
       k->sup_pid = e.supervisor_pid;
       k->adopted = true;
       k->created_unix_ms = e.created_unix_ms;
-      for (int p : {k->conn.shell_port, k->conn.iopub_port, k->conn.stdin_port, k->conn.control_port,
-                    k->conn.hb_port})
-        m.reserved_ports.insert(p);
+      if (k->conn.transport == "tcp")
+        for (int p : {k->conn.shell_port, k->conn.iopub_port, k->conn.stdin_port, k->conn.control_port,
+                      k->conn.hb_port})
+          m.reserved_ports.insert(p);
       kernel->set_process(k->proc.pid(), k->file, k->conn);
       if (e.created_unix_ms > 0)
         kernel->set_created(std::chrono::system_clock::time_point(std::chrono::milliseconds(e.created_unix_ms)));

@@ -4,6 +4,7 @@
 #include "kgate/jupyter/connection.hpp"
 #include "kgate/process/supervisor.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -28,6 +29,7 @@
 #include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,6 +174,31 @@ bool read_line(int fd, std::string& buf, std::string& line, int timeout_ms) {
 
 }  // namespace
 
+namespace {
+// The soft RLIMIT_NOFILE a child starts with, when raise_fd_limit raised this process's.
+std::atomic<bool> g_child_fd_limit_set{false};
+rlimit g_child_fd_limit{};
+}  // namespace
+
+void scrub_environment(const char* name) {
+  const std::size_t n = std::strlen(name);
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=') ::explicit_bzero(*e + n + 1, std::strlen(*e + n + 1));
+  ::unsetenv(name);
+}
+
+std::pair<unsigned long, unsigned long> raise_fd_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return {0, 0};
+  const rlimit old = rl;
+  if (rl.rlim_cur >= rl.rlim_max) return {old.rlim_cur, old.rlim_cur};
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) return {old.rlim_cur, old.rlim_cur};
+  g_child_fd_limit = old;
+  g_child_fd_limit_set = true;
+  return {old.rlim_cur, rl.rlim_cur};
+}
+
 ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   if (opts.argv.empty()) {
     throw std::system_error(EINVAL, std::generic_category(), "cannot launch: empty argv");
@@ -234,6 +261,8 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
   }
   const int err_w = pipefd[1];
 
+  const bool restore_fd_limit = g_child_fd_limit_set.load();
+  const rlimit fd_limit = g_child_fd_limit;
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -251,6 +280,7 @@ ChildProcess ChildProcess::launch(const LaunchOptions& opts) {
     }
     ::sigprocmask(SIG_SETMASK, &empty_mask, nullptr);
     for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP, SIGQUIT}) ::sigaction(sig, &dfl, nullptr);
+    if (restore_fd_limit) ::setrlimit(RLIMIT_NOFILE, &fd_limit);  // the limit kgate started with
     // Nothing else the daemon holds open should leak into the kernel.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
     if (pass_fd == 3) {
@@ -386,6 +416,11 @@ ChildProcess ChildProcess::adopt(int fd, pid_t pid, unsigned long long start_tim
   return c;
 }
 
+namespace {
+// How long connect_supervisor tries a supervisor's name whose listen queue is full.
+constexpr std::chrono::milliseconds kSupervisorConnectWait{300};
+}  // namespace
+
 ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string& name, int timeout_ms,
                                                                pid_t supervisor_pid) {
   SupervisorHello h;
@@ -397,17 +432,33 @@ ChildProcess::SupervisorHello ChildProcess::connect_supervisor(const std::string
   }
   std::memcpy(a.sun_path + 1, name.data(), name.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking: a name another user bound and listens on with a full backlog would hold a
+  // blocking connect() for as long as they like, and every kernel behind it.  A Unix connect
+  // that cannot complete at once fails with EAGAIN; it is tried again for a short while.
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0 || !raise_fd(fd)) {
     h.why = std::string("socket: ") + std::strerror(errno);
     if (fd >= 0) ::close(fd);
     return h;
   }
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
-    h.why = errno == ECONNREFUSED ? "its supervisor is gone" : std::string("connect: ") + std::strerror(errno);
+  const auto deadline = std::chrono::steady_clock::now() + kSupervisorConnectWait;
+  for (;;) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) == 0) break;
+    const int err = errno;
+    if ((err == EAGAIN || err == EINTR) && std::chrono::steady_clock::now() < deadline) {
+      ::usleep(20000);
+      continue;
+    }
+    h.no_answer = err == EAGAIN;
+    h.why = err == ECONNREFUSED ? "its supervisor is gone"
+            : err == EAGAIN     ? "its supervisor's socket did not accept a connection within " +
+                                  std::to_string(kSupervisorConnectWait.count()) +
+                                  " ms (its listen queue is full: another process may hold the name)"
+                                : std::string("connect: ") + std::strerror(err);
     ::close(fd);
     return h;
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // the link is read as before
   // An abstract name is anyone's to bind: who answers is known only from the kernel's record
   // of the peer, never from what it says.
   ucred cred{};

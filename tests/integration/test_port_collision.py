@@ -1,11 +1,15 @@
 """A kernel that dies at start (as ipykernel does when a port was taken in the bind/close
 window) is relaunched on fresh ports, at first start and at restart; so is one whose heartbeat
-port was taken, and one wedged in its start (once, then the start fails saying what was missing)."""
+port was taken, and one wedged in its start (once, then the start fails saying what was missing).
+The kernels are on ipc (fresh socket names) but for the two whose test holds TCP ports: those are
+given tcp by `[kernel] tcp_kernelspecs`."""
 import json
 import re
 import time
 
-from conftest import Kgate
+import pytest
+
+from conftest import Kgate, _module_daemon
 from wrapped_kernels import COUNT, HB_TAKEN, add_wrapped_spec, launches, stop_blocker, taken_hb_port
 
 # The wrapper runs ipykernel, except on the launches listed in FAIL_ON (1-based), where it
@@ -16,6 +20,14 @@ exec /usr/bin/python3 -m ipykernel_launcher -f "$1"
 '''
 
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+@pytest.fixture(scope="module")
+def kgate(kgate_bin, tmp_path_factory):
+    """The module's daemon: kernels on ipc, but "hbtaken" on tcp (its test holds a TCP port)."""
+    config = tmp_path_factory.mktemp("config") / "kgate.toml"
+    config.write_text('[kernel]\ntcp_kernelspecs = ["hbtaken"]\n')
+    yield from _module_daemon(kgate_bin, tmp_path_factory, config=config)
 
 
 def add_spec(kg, name, fail_on, tmp_path):
@@ -37,6 +49,7 @@ def test_early_exit_at_start_relaunches_on_fresh_ports(kgate, tmp_path):
     assert launches(state) == 2
     first, final = ports(state / "failed-1.json"), ports(kgate.connection_file(kid))
     assert not set(first.values()) & set(final.values()), (first, final)
+    assert json.loads(kgate.connection_file(kid).read_text())["transport"] == "ipc"
     with kgate.connect(kid) as ws:
         assert ws.run("print(1+1)").strip() == "2"
     assert any("relaunching on fresh ports" in line for line in kgate.log_lines)
@@ -84,6 +97,7 @@ def test_a_kernel_whose_heartbeat_port_was_taken_is_relaunched(kgate, tmp_path):
         assert any("no heartbeat echo" in line and "relaunching it once on fresh ports" in line
                    for line in kgate.log_lines), kgate.log_tail()
         assert ports(kgate.connection_file(kid))["hb_port"] != taken_hb_port(state)
+        assert json.loads(kgate.connection_file(kid).read_text())["transport"] == "tcp"
         time.sleep(1.5)  # several heartbeat intervals: it answers them
         assert kgate.kernel_model(kid)["responsive"] is True, kgate.kernel_model(kid)
         kgate.delete_kernel(kid)
@@ -105,7 +119,7 @@ time.sleep(120)' "$1"
 
 
 def test_a_wedged_kernel_is_relaunched_once_then_fails_with_what_was_missing(kgate_bin, tmp_path):
-    (tmp_path / "kgate.toml").write_text("[kernel]\nready_timeout_ms = 6000\n\n[pool]\nsize = 0\n")
+    (tmp_path / "kgate.toml").write_text("[kernel]\nready_timeout_ms = 6000\ntcp_kernelspecs = [\"wedged\"]\n\n[pool]\nsize = 0\n")
     kg = Kgate(kgate_bin, tmp_path, config=tmp_path / "kgate.toml").start()
     try:
         state = add_wrapped_spec(kg, "wedged", WEDGED, tmp_path / "wedged-state")

@@ -188,33 +188,67 @@ def test_a_url_host_gets_no_token(kgate, mcp_bin, tmp_path):  # noqa: F811
         lst.close()
 
 
-def test_the_owners_token_is_not_sent_to_another_users_port(kgate, mcp_bin, tmp_path):  # noqa: F811
-    """A port on 127.0.0.1 held by another user (a squatter of the default port, say) gets
-    nothing, though the owner's kgate keeps its token where kgate-mcp looks."""
-    probe = r"""
+# As nobody: listens on ADDRESS:PORT (0: any), prints the port, then prints repr() of every byte the
+# first connection sends before it closes or goes quiet for 5 s, and answers a 404.
+SQUAT_PORT = r"""
 import socket, sys
-s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(4)
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(4)
 print(s.getsockname()[1], flush=True)
 c, _ = s.accept(); c.settimeout(5); data = b""
-while b"\r\n\r\n" not in data:
-    chunk = c.recv(65536)
-    if not chunk: break
-    data += chunk
-print(repr(data.split(b"\r\n\r\n")[0]), flush=True)
-c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+try:
+    while b"\r\n\r\n" not in data:
+        chunk = c.recv(65536)
+        if not chunk: break
+        data += chunk
+except OSError:
+    pass
+print(repr(data), flush=True)
+try:
+    c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+except OSError:
+    pass
 """
-    squatter = subprocess.Popen(setpriv_nobody() + ["/usr/bin/python3", "-c", probe], stdout=subprocess.PIPE,
-                                cwd="/")
+
+
+def test_nothing_goes_to_a_default_port_another_user_holds(kgate, mcp_bin, tmp_path):  # noqa: F811
+    """The default gateway's port on 127.0.0.1 held by another user (kgate down, say): no byte
+    goes there, not the token, nor a kernel's environment, cwd or code, and the owner is told who
+    holds it."""
+    squatter = subprocess.Popen(setpriv_nobody() + ["/usr/bin/python3", "-c", SQUAT_PORT, "127.0.0.1", "0"],
+                                stdout=subprocess.PIPE, cwd="/")
     try:
         port = int(squatter.stdout.readline())
         home = tmp_path / "xdg"
         (home / "kgate").mkdir(parents=True)
-        m = start_mcp(mcp_bin, tmp_path, home, KGATE_URL=f"http://127.0.0.1:{port}",
-                      XDG_STATE_HOME=kgate.env["XDG_STATE_HOME"])
+        m = start_mcp(mcp_bin, tmp_path, home, KGATE_URL=f"http://127.0.0.1:{port}", KGATE_TOKEN="sq-secret-59",
+                      API_KEY_OF_THE_OWNER="owner-env-secret-59", XDG_STATE_HOME=kgate.env["XDG_STATE_HOME"])
         try:
-            tool(m, "connect")
-            head = squatter.stdout.readline().decode()
-            assert head and "authorization" not in head.lower() and kgate.token not in head, head
+            is_error, text = tool(m, "execute", code="print('owner-code-59')")
+            assert is_error, text
+            assert f"uid {NOBODY} (nobody), not by you" in text and "sent it nothing" in text, text
+        finally:
+            m.close(timeout=30)
+            m.kill()
+        assert squatter.stdout.readline().decode().strip() == "b''"  # not one byte
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_another_users_listener_on_127_0_0_2_changes_nothing(kgate, mcp_bin, tmp_path):  # noqa: F811
+    """Another user on the same port at another loopback address neither gets the owner's
+    connection nor makes kgate-mcp withhold the owner's token from the owner's kgate."""
+    squatter = subprocess.Popen(setpriv_nobody() + ["/usr/bin/python3", "-c", SQUAT_PORT, "127.0.0.2",
+                                                    str(kgate.port)], stdout=subprocess.PIPE, cwd="/")
+    try:
+        assert int(squatter.stdout.readline()) == kgate.port
+        home = tmp_path / "xdg"
+        (home / "kgate").mkdir(parents=True)
+        m = start_mcp(mcp_bin, tmp_path, home, KGATE_URL=kgate.url, XDG_STATE_HOME=kgate.env["XDG_STATE_HOME"])
+        try:
+            is_error, text = tool(m, "execute", code="print(6 * 7)")
+            assert not is_error and "42" in text, text
         finally:
             m.close(timeout=30)
             m.kill()
@@ -415,3 +449,56 @@ def test_a_fake_supervisor_is_refused_at_readoption(kgate_bin, tmp_path):
     finally:
         impostor.kill()
         impostor.wait()
+
+
+# As nobody: binds the abstract name argv[1], listens with a backlog of 0 and fills it with its
+# own connections, so that a connect() to the name cannot complete; accepts nothing.
+SQUAT_FULL = r"""
+import socket, sys, time
+name = "\0" + sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(name); s.listen(0)
+fill = []
+for _ in range(8):
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); c.setblocking(False)
+    try:
+        c.connect(name)
+    except BlockingIOError:
+        break
+    fill.append(c)
+print("full", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_squatted_name_with_a_full_backlog_does_not_hold_up_readoption(kgate_bin, tmp_path):
+    """A dead supervisor's name bound by another user who accepts nothing: the next kgate gives it
+    up after a short wait, lists that kernel dead saying why, and adopts the others."""
+    from conftest import Kgate
+    kg = Kgate(kgate_bin, tmp_path / "kg").start()
+    lost, kept = kg.start_kernel()["id"], kg.start_kernel()["id"]
+    entry = supervisor_of(kg, lost)
+    kg.stop(sig=signal.SIGKILL, sweep=False)
+    os.kill(entry["supervisor_pid"], signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{entry['pid']}"), 10)
+    squatter = subprocess.Popen(setpriv_nobody() + ["/usr/bin/python3", "-c", SQUAT_FULL, entry["supervisor"]],
+                                stdout=subprocess.PIPE, cwd="/")
+    try:
+        assert squatter.stdout.readline().strip() == b"full"
+        t0 = time.monotonic()
+        kg2 = Kgate(kgate_bin, tmp_path / "kg").start()
+        took = time.monotonic() - t0
+        try:
+            assert took < 5, took  # a blocking connect() waited as long as the squatter liked
+            model = kg2.kernel_model(lost)
+            assert model["execution_state"] == "dead", model
+            assert any("did not accept a connection within 300 ms" in ln for ln in kg2.log_lines), kg2.log_tail()
+            with kg2.connect(kept) as ws:
+                assert ws.run("print(7 * 6)").strip() == "42"
+            kg2.delete_kernel(kept)
+            kg2.rest("DELETE", f"/api/kernels/{lost}")
+        finally:
+            kg2.stop()
+    finally:
+        squatter.kill()
+        squatter.wait()

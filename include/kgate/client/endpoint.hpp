@@ -20,6 +20,10 @@ struct Endpoint {
   // send_token() looks for it at each connection, so a kgate started later is found, and a
   // port another user has taken since gets nothing.
   bool local_token = false;
+  // The default gateway on a loopback address: whoever accepted the connection must be this user
+  // (loopback_peer_uid), checked after connect and before a byte is sent, token or not: another
+  // user who listens on the port first gets no environment, cwd or code either.
+  bool verify_peer = false;
   bool verify = true;   // https: check the certificate and the host name
   std::string ca_file;  // https: trust this PEM bundle instead of the system store ("" = system)
   bool is_default = false;

@@ -42,22 +42,24 @@ void parse_gateways(const std::string& text, const std::string& source, Config& 
 // host "" = the default gateway; a name = gateways.toml; anything with "://" = that URL.
 // A token goes only where it belongs (docs/dev/security.md, "Tokens a client sends"): $KGATE_TOKEN to the
 // default gateway's URL, else the local kgate's own token (Endpoint::local_token, send_token) if
-// that URL is a loopback one whose listener is this user's (loopback_listener_is_ours); a
-// gateways.toml entry's to its
+// that URL is a loopback one, and whatever goes to it goes only to a peer that is this user's
+// (Endpoint::verify_peer, foreign_peer_error); a gateways.toml entry's to its
 // URL (a URL given as `host` that equals an entry's gets the entry's token and TLS settings).
 // Any other URL gets no token.  $KGATE_CA_FILE and $KGATE_TLS_VERIFY apply to the default gateway and to URLs.  A
 // gateways.toml ca_file that is relative is taken from the config dir, and a leading ~/ from
 // $HOME.  False and `error` (what to do next) when it cannot be resolved.
 bool resolve_gateway(const Config& cfg, const std::string& host, Endpoint& ep, std::string& error);
 
-// Whether TCP `port` on this machine's loopback has a listening socket and every listening
-// socket on it belongs to this process's euid (/proc/net/tcp and tcp6): then a connection to
-// 127.0.0.1:port (or [::1]) reaches this user's own server, not another user's.
-bool loopback_listener_is_ours(const std::string& port);
+// The uid that owns the other end of the loopback TCP connection on socket `fd` (the accepted
+// socket's entry in /proc/net/tcp or tcp6, whose uid is its listener's); -1 when the peer is not
+// on this machine's loopback or its entry is not found.
+long loopback_peer_uid(int fd);
+// "" when `fd`'s peer is this user's, else the error that refuses the connection to `ep`.
+std::string foreign_peer_error(const Endpoint& ep, int fd);
 
 // The token a request to `ep` carries: its own, else (Endpoint::local_token) the token the
-// owner's kgate keeps in its default state dir (read_local_token), when every listener on the
-// endpoint's port is this user's; else "".  Read at each call: a file and /proc/net/tcp (a few
+// owner's kgate keeps in its default state dir (read_local_token); else "".  The connection it
+// goes on was checked to be this user's (Endpoint::verify_peer, foreign_peer_error) first.  Read at each call: a file and /proc/net/tcp (a few
 // ms with thousands of sockets), so callers ask once per connection they open.
 std::string send_token(const Endpoint& ep);
 

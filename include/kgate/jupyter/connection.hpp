@@ -31,6 +31,15 @@ struct ConnectionInfo {
   static ConnectionInfo from_json(const nlohmann::json& j);
 };
 
+// The ipc transport's socket paths ("<ip>-<port>" for each of the five ports, ipykernel's and
+// jupyter_client's rule); empty for tcp.
+std::vector<std::filesystem::path> ipc_socket_paths(const ConnectionInfo& c);
+// Unlinks those of ipc_socket_paths(c) that are Unix sockets (nothing else is touched): a kernel
+// that was killed leaves its own.  A no-op for tcp.
+void remove_ipc_sockets(const ConnectionInfo& c);
+// The longest path a Unix socket can be bound at (sockaddr_un's sun_path, less its NUL).
+inline constexpr std::size_t kMaxUnixSocketPath = 107;
+
 // Reads a connection file.  Throws std::runtime_error with the path and the reason.
 ConnectionInfo load_connection_info(const std::filesystem::path& path);
 // Writes a connection file atomically with mode 0600 (temp file + rename in the same dir).
@@ -75,7 +84,14 @@ std::filesystem::path jupyter_data_dir();
 std::filesystem::path jupyter_runtime_dir();
 // Creates `dir` (and parents) if needed and makes it mode 0700.  Throws on failure, and for a
 // directory owned by another uid.
+// Every folder above it must be root's or this user's and writable by no one else (check_parents).
 void ensure_private_dir(const std::filesystem::path& dir);
+// Throws unless every folder on the way to `dir` (its real path: symlinks resolved) is owned by
+// root or this user and writable by no other user (a sticky folder of root's, /tmp, excepted: no
+// one can move what is not theirs there; group write is allowed for this user's own group), so
+// that no one else can swap a folder or a symlink on the way after the check.  `dir` itself is
+// the caller's to check.
+void check_parents(const std::filesystem::path& dir);
 // The kernelspec search path is kernelspec_search_dirs() in discovery.hpp.
 
 // Binds `n` TCP sockets on `ip` (loopback if it is not an IPv4 address) to port 0 together, so

@@ -37,8 +37,10 @@ class StateDir {
   // The gateway's own token (docs/dev/security.md, "The token"): read from `token` (0600), or made at the
   // first start (256 bits from getrandom(2), as 64 hex digits) and written there; `created` says
   // which.  A file that is not such a token is an error naming it (a person's own token belongs
-  // in --token, $KGATE_TOKEN or token_file, not in kgate's state).
-  std::string token(bool* created = nullptr) const;
+  // in --token, $KGATE_TOKEN or token_file, not in kgate's state).  A token file other users
+  // could read (a mode past 0600) is no secret any more: a new token replaces it, and
+  // `replaced_mode` is set to the mode the old file had (0 otherwise).
+  std::string token(bool* created = nullptr, unsigned* replaced_mode = nullptr) const;
   bool held() const { return fd_ >= 0; }
   // The directory existed with access for others, and open() made it 0700.
   bool tightened() const { return tightened_; }

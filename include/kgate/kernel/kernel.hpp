@@ -183,6 +183,12 @@ struct KernelOptions {
   // read at once.  0 = every message at once.  (io_loop.cpp read_iopub, docs/dev/limits.md)
   std::chrono::milliseconds iopub_batch{10};
   int launch_attempts = 3;              // relaunches on fresh ports after an early exit
+  // Local kernels' sockets (docs/kernels.md "Kernel sockets"): "ipc" = Unix sockets in the 0700
+  // runtime dir, which only this uid can reach; "tcp" = 127.0.0.1 ports, which every local user
+  // can connect to (iopub needs no key).  `tcp_kernelspecs` get tcp whatever `transport` says (a
+  // kernel that cannot speak ipc).  Remote kernels are on tcp always.
+  std::string transport = "ipc";
+  std::vector<std::string> tcp_kernelspecs;
   std::size_t max_pending = 10000;      // requests awaiting a reply, per kernel
   std::size_t max_held = 1000;          // client messages held while starting/restarting
   std::size_t max_message_bytes = std::size_t{1} << 30;  // one message from a kernel

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <system_error>
 #include <vector>
 
@@ -72,6 +73,7 @@ class ChildProcess {
     std::string rest;  // read after the pid line: pass it to adopt()
     std::string why;
     bool impostor = false;
+    bool no_answer = false;  // the name took no connection in time (a full listen queue): not known to be gone
   };
   static SupervisorHello connect_supervisor(const std::string& name, int timeout_ms, pid_t supervisor_pid = 0);
   // The same over a node launcher's TCP control link (docs/dev/remote-launchers.md): connects to ip:port within
@@ -171,6 +173,17 @@ RunResult run(const RunOptions& opts);
 // Finds a bare program name on PATH (as given in env, else the process's).  Returns the
 // name unchanged when it contains a slash or is not found.
 std::string find_program(const std::string& name, const std::map<std::string, std::string>& env);
+
+// Raises this process's soft RLIMIT_NOFILE to its hard limit (a daemon holds a descriptor per
+// connection and a dozen per kernel; systemd's default soft limit is 1,024), and has every child
+// launched from now on start with the soft limit it had: a kernel gets what it would have got
+// without kgate.  Returns {the old soft limit, the new one}; equal when nothing changed.
+std::pair<unsigned long, unsigned long> raise_fd_limit();
+
+// Removes `name` from the environment, and first overwrites its value where it lies, so that
+// the start-up copy /proc/<pid>/environ shows holds it no more (unsetenv alone leaves it there,
+// readable by every process of this uid: a kernel's code included).
+void scrub_environment(const char* name);
 
 // The current process environment as a map.
 std::map<std::string, std::string> current_environment();

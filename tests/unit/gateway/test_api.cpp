@@ -499,7 +499,7 @@ TEST_F(CheckRequest, OwnTokenIsMadeOnceKeptAndAskedOnTcpOnly) {
 
     EXPECT_EQ(status(s, get("/api/kernels")), 401u);
     EXPECT_EQ(status(s, get("/api/kernels?token=" + token)), 200u);
-    RequestContext unix_peer{true, true};  // the owner on the Unix socket: its uid was checked
+    RequestContext unix_peer{true, true, nullptr};  // the owner on the Unix socket: its uid was checked
     EXPECT_FALSE(check_request(s.options(), get("/api/kernels"), unix_peer).has_value());
     servers_.clear();  // frees the state dir
   }
@@ -515,7 +515,7 @@ TEST_F(CheckRequest, OwnTokenIsMadeOnceKeptAndAskedOnTcpOnly) {
 
 TEST_F(CheckRequest, GivenTokenIsAskedOnTheUnixSocketToo) {
   Server& s = server(with_token("s3cret"));
-  RequestContext unix_peer{true, true};
+  RequestContext unix_peer{true, true, nullptr};
   EXPECT_EQ(check_request(s.options(), get("/api/kernels"), unix_peer)->result(), http::status::unauthorized);
 }
 

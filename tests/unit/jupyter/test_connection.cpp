@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <csignal>
@@ -282,6 +283,39 @@ TEST(Dirs, EnsurePrivateDir) {
   std::ofstream(file) << "x";
   EXPECT_THROW(ensure_private_dir(file), std::runtime_error);
   EXPECT_THROW(ensure_private_dir(file / "sub"), std::runtime_error);
+}
+
+// A folder on the way that someone else could change refuses the dir: a world-writable one, or
+// one of another user's; root's sticky /tmp-like folders and symlinks to good places are fine.
+TEST(Dirs, EveryParentMustBeRootsOrOursAndClosedToOthers) {
+  TempDir dir{"kgate-parents"};
+  auto message = [](const fs::path& p) {
+    try {
+      ensure_private_dir(p);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const fs::path open = dir.path() / "open";
+  fs::create_directory(open);
+  ::chmod(open.c_str(), 0777);
+  EXPECT_NE(message(open / "runtime").find("its parent folder " + open.string() + " is writable by other users (mode 0777)"),
+            std::string::npos)
+      << message(open / "runtime");
+  // Through a symlink to it: the real path is what counts.
+  fs::create_directory_symlink(open, dir.path() / "link");
+  EXPECT_NE(message(dir.path() / "link" / "runtime").find("is writable by other users"), std::string::npos);
+  if (::geteuid() == 0) {  // root's sticky folder, like /tmp
+    ::chmod(open.c_str(), 01777);
+    EXPECT_EQ(message(open / "runtime"), "");
+    const fs::path theirs = dir.path() / "theirs";
+    fs::create_directory(theirs);
+    ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+    EXPECT_NE(message(theirs / "runtime").find("is owned by uid 65534"), std::string::npos) << message(theirs / "runtime");
+  }
+  ::chmod(open.c_str(), 0755);
+  EXPECT_EQ(message(dir.path() / "link" / "fine"), "");
 }
 
 TEST(Dirs, DataDirFromEnvironment) {
@@ -569,6 +603,45 @@ print(kc._make_url("iopub"))
 )PY",
                                      file);
   EXPECT_EQ(out, c.endpoint(c.iopub_port) + "\n");
+}
+
+// A stale kgate's ipc kernel: its sockets go with its connection file; a regular file at one of
+// the names, and the sockets of a live kgate's kernel, stay.
+TEST(StaleFiles, IpcSocketsOfAGoneKgateAreRemovedAndNothingElse) {
+  TempDir dir{"kgate-ipc"};
+  auto bind_at = [](const fs::path& p) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", p.c_str());
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << p;
+    ::close(fd);
+  };
+  auto ipc = [&](const std::string& id) {
+    ConnectionInfo c = sample_info();
+    c.transport = "ipc";
+    c.ip = (dir.path() / ("kernel-" + id + "-ipc")).string();
+    c.shell_port = 1, c.iopub_port = 2, c.stdin_port = 3, c.control_port = 4, c.hb_port = 5;
+    return c;
+  };
+  const ConnectionInfo dead = ipc("dead"), live = ipc("live");
+  for (const auto& c : {dead, live}) {
+    ASSERT_EQ(ipc_socket_paths(c).size(), 5u);
+    for (const auto& p : ipc_socket_paths(c)) bind_at(p);
+  }
+  fs::remove(ipc_socket_paths(dead)[4]);
+  std::ofstream(ipc_socket_paths(dead)[4]) << "not a socket";
+  write_connection_file(dir.path() / "kernel-dead.json", dead);
+  std::ofstream(dir.path() / ".kgate-owner-dead.json") << json{{"kgate_pid", dead_pid()}, {"kgate_pid_start", 9}}.dump();
+  write_connection_file(dir.path() / "kernel-live.json", live);
+  write_owner_file(dir.path(), "live");
+  EXPECT_EQ(remove_stale_connection_files(dir.path()), std::vector<std::string>{"kernel-dead.json"});
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_FALSE(fs::exists(ipc_socket_paths(dead)[i])) << i;
+  EXPECT_TRUE(fs::is_regular_file(ipc_socket_paths(dead)[4]));
+  for (const auto& p : ipc_socket_paths(live)) EXPECT_TRUE(fs::is_socket(p)) << p;
+  remove_ipc_sockets(live);
+  for (const auto& p : ipc_socket_paths(live)) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_TRUE(ipc_socket_paths(sample_info()).empty());  // tcp: none
 }
 
 // ---- the state directory (state_dir.hpp) ----------------------------------------------
