@@ -17,6 +17,8 @@ Environment:
   BENCH_PAIRS    kernel pairs in each interleaved run (default 4)
   BENCH_COLD     kgate cold starts, median reported (default 5)
   BENCH_PEER_COLD  jupyter_server cold starts, median reported (default 3, at least 2)
+  BENCH_TCP=0    skip the second kgate whose kernels are on tcp ([kernel] transport = "tcp"),
+                 measured beside the first (kernels on ipc, the default) in the same run
   BENCH_BUDGET   total time budget, seconds (default 900)
   BENCH_OUT      results JSON           (default bench/results/latest.json)
   BENCH_KEEP_TMP=1  keep the temp dir (server logs) for inspection
@@ -65,6 +67,7 @@ PRINTS = max(0, int(os.environ.get("BENCH_PRINTS", "100000")))
 BUDGET = float(os.environ.get("BENCH_BUDGET", "900"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(HERE, "results", "latest.json"))
 KEEP_TMP = os.environ.get("BENCH_KEEP_TMP") == "1"
+TCP_SIDE = os.environ.get("BENCH_TCP", "1") != "0"
 
 T_START = time.monotonic()
 POLL = 0.005            # cold-start poll interval (5 ms)
@@ -543,6 +546,7 @@ def main():
          "direct": {"latency": [], "flood_rounds": []}, "relay": {"interleaved": []},
          "peer": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": [], "flood_rounds_whole": []},
          "kgate": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": [], "flood_rounds_whole": []},
+         "kgate_tcp": {"latency": [], "interleaved": [], "cold_start_ms": [], "flood_rounds": [], "flood_rounds_whole": []},
          "errors": []}
     live = []          # servers to stop in the end
     interrupted = False
@@ -597,6 +601,13 @@ def main():
                 r = step("kgate RSS", kernel_rss, kg)
                 if r:
                     R["kgate"]["rss_idle_mb"], R["kgate"]["rss_one_kernel_mb"] = r
+        # 2b. the same kgate with its kernels on tcp, the transport before ipc became the default
+        kg_tcp = None
+        if have_kgate and TCP_SIDE:
+            conf = os.path.join(tmp, "kgate-tcp.toml")
+            with open(conf, "w") as f:
+                f.write('[kernel]\ntransport = "tcp"\n')
+            kg_tcp = step("kgate start (kernels on tcp)", start, "kgate", "kgate-tcp", ("--config", conf))
 
         # 3. execute round trips, interleaved so drift hits all three alike
         for rep in range(REPS):
@@ -609,20 +620,21 @@ def main():
                 r = step("peer latency", run_client, bench_env, tmp, ["gateway", peer.url, peer.token, N], 120, peer)
                 if r:
                     R["peer"]["latency"].append(r)
-            if kg:
-                log("latency rep %d/%d: kgate" % (rep + 1, REPS))
-                r = step("kgate latency", run_client, bench_env, tmp, ["gateway", kg.url, kg.token, N], 120, kg)
-                if r:
-                    R["kgate"]["latency"].append(r)
+            for side, srv in (("kgate", kg), ("kgate_tcp", kg_tcp)):
+                if srv:
+                    log("latency rep %d/%d: %s" % (rep + 1, REPS, srv.label))
+                    r = step("%s latency" % side, run_client, bench_env, tmp, ["gateway", srv.url, srv.token, N], 120, srv)
+                    if r:
+                        R[side]["latency"].append(r)
             # the same round trips, request by request in turn with a direct client of a kernel of
             # its own, over BENCH_PAIRS pairs of kernels: no drift between the two sides
-            for name, srv in (("jupyter_server", peer), ("kgate", kg)):
+            for side, srv in (("peer", peer), ("kgate", kg), ("kgate_tcp", kg_tcp)):
                 if srv:
-                    log("interleaved rep %d/%d: %s and direct ZMQ, %d pairs of kernels" % (rep + 1, REPS, name, PAIRS))
-                    r = step("%s interleaved" % ("peer" if srv is peer else "kgate"), run_client, bench_env, tmp,
+                    log("interleaved rep %d/%d: %s and direct ZMQ, %d pairs of kernels" % (rep + 1, REPS, srv.label, PAIRS))
+                    r = step("%s interleaved" % side, run_client, bench_env, tmp,
                              ["interleaved", srv.url, srv.token, N, "--pairs", PAIRS], 240, srv)
                     if r:
-                        R["peer" if srv is peer else "kgate"]["interleaved"].append(r)
+                        R[side]["interleaved"].append(r)
             # the floor of any gateway process: a relay that does nothing (bench/relay.py), the same way
             log("interleaved rep %d/%d: a relay that does nothing and direct ZMQ, %d pairs of kernels" % (rep + 1, REPS, PAIRS))
             r = step("relay interleaved", run_client, bench_env, tmp, ["relayed", N, "--pairs", PAIRS], 240)
@@ -657,7 +669,7 @@ def main():
             if r:
                 R["direct"]["flood_rounds"].append(r)
             readers = (("flood_rounds", []), ("flood_rounds_whole", ["--whole-frames"]))
-            for side, server in (("peer", peer2), ("kgate", kg)):
+            for side, server in (("peer", peer2), ("kgate", kg), ("kgate_tcp", kg_tcp)):
                 if not server:
                     continue
                 for key, extra in (readers if rnd % 2 == 0 else readers[::-1]):
@@ -677,12 +689,15 @@ def main():
                 log("%d small prints: jupyter_server (rate limits lifted)" % PRINTS)
                 R["peer"]["prints"] = step("peer prints", run_client, bench_env, tmp,
                                            ["prints", peer2.url, peer2.token, PRINTS, "--no-utf8-check"], 300, peer2)
-            if kg:
-                log("%d small prints: kgate" % PRINTS)
-                R["kgate"]["prints"] = step("kgate prints", run_client, bench_env, tmp,
-                                            ["prints", kg.url, kg.token, PRINTS, "--no-utf8-check"], 300, kg)
+            for side, srv in (("kgate", kg), ("kgate_tcp", kg_tcp)):
+                if srv:
+                    log("%d small prints: %s" % (PRINTS, srv.label))
+                    R[side]["prints"] = step("%s prints" % side, run_client, bench_env, tmp,
+                                             ["prints", srv.url, srv.token, PRINTS, "--no-utf8-check"], 300, srv)
         if peer2:
             stop(peer2)
+        if kg_tcp:
+            stop(kg_tcp)
         if kg:
             if kg.proc.poll() is not None:
                 R["errors"].append({"step": "kgate", "error": "kgate exited with status %s during the run; log tail:\n%s"
@@ -760,7 +775,7 @@ def _ratio(runs):
 
 
 def summarize(R):
-    d, p, k = R["direct"], R["peer"], R["kgate"]
+    d, p, k, t = R["direct"], R["peer"], R["kgate"], R.get("kgate_tcp", {})
     df, pd, pu, kf = (d.get("flood") or {}), (p.get("flood_default") or {}), (p.get("flood_unlimited") or {}), (k.get("flood") or {})
     med = lambda xs: round(statistics.median(xs), 1) if xs else None
     cpu_lat = lambda runs: (round(statistics.median([r["gateway_cpu_s"] for r in runs if "gateway_cpu_s" in r]) * 1e3)
@@ -821,9 +836,26 @@ def summarize(R):
         ("idle RSS, no kernels (MB)", "1", None, p.get("rss_idle_mb"), k.get("rss_idle_mb")),
         ("idle RSS, one idle kernel (MB, gateway only)", "1", None, p.get("rss_one_kernel_mb"), k.get("rss_one_kernel_mb")),
     ]
+    # kgate with its kernels on tcp, for the rows both kgates ran (None elsewhere)
+    tcp = {
+        rows[0][0]: _mid(t.get("latency", []), "median_us"),
+        rows[1][0]: _mid(t.get("latency", []), "p90_us"),
+        rows[2][0]: _mid(t.get("interleaved", []), "gateway_median_us"),
+        rows[3][0]: _ratio(t.get("interleaved", [])),
+        rows[5][0]: cpu_lat(t.get("latency", [])),
+        rows[9][0]: rmed(t, "seconds"),
+        rows[10][0]: rmed(t, "gateway_cpu_s", 1e3),
+        rows[12][0]: rmed(t, "seconds", rounds=W),
+        rows[13][0]: rmed(t, "gateway_cpu_s", 1e3, rounds=W),
+        rows[15][0]: pr(t).get("seconds"),
+        rows[16][0]: cpu_ms(pr(t)),
+        rows[17][0]: per_msg_us(pr(t)),
+    }
     out = []
     for name, fmt, dv, pv, kv in rows:
-        out.append({"metric": name, "format": fmt, "direct": dv, "peer": pv, "kgate": kv,
+        tv = tcp.get(name)
+        out.append({"metric": name, "format": fmt, "direct": dv, "peer": pv, "kgate": kv, "kgate_tcp": tv,
+                    "kgate_over_tcp": round(kv / tv, 3) if kv is not None and tv else None,
                     "kgate_over_direct": round(kv / dv, 3) if kv is not None and dv else None,
                     # * the rate-limited peer drops most output, so kgate/peer compares unlike work there
                     "kgate_over_peer": round(kv / pv, 3) if kv is not None and pv and not name.endswith("*") else None})
@@ -853,10 +885,13 @@ def print_md(hdr, rows, right_from=1):
 
 
 def print_table(R):
-    hdr = ["metric", "direct (floor)", "jupyter_server (peer)", "kgate", "kgate/direct", "kgate/peer"]
+    hdr = ["metric", "direct (floor)", "jupyter_server (peer)", "kgate", "kgate, kernels on tcp", "kgate/direct",
+           "kgate/peer", "ipc/tcp"]
     rows = [[r["metric"], _fmt(r["direct"], r["format"]), _fmt(r["peer"], r["format"]), _fmt(r["kgate"], r["format"]),
+             _fmt(r.get("kgate_tcp"), r["format"]),
              "—" if r["kgate_over_direct"] is None else "%.2f×" % r["kgate_over_direct"],
-             "—" if r["kgate_over_peer"] is None else "%.2f×" % r["kgate_over_peer"]] for r in R["summary"]]
+             "—" if r["kgate_over_peer"] is None else "%.2f×" % r["kgate_over_peer"],
+             "—" if r.get("kgate_over_tcp") is None else "%.2f×" % r["kgate_over_tcp"]] for r in R["summary"]]
     m = R["meta"]
     print("\nkgate benchmark  N=%d round trips x %d reps, %d MB flood (%d rounds), %d prints, %s cpus, %s"
           % (m["N"], m["reps"], m["MB"], m.get("rounds", 1), m.get("prints", 0), m["cpus"], m["date"]))

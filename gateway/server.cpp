@@ -273,6 +273,10 @@ void Server::stop_orphaned_auto_kernels() {
   }
 }
 
+void Server::interrupt_as_agent(const std::string& job, const std::string& agent, const std::string& why) {
+  interrupt_unanswered(*this, job, agent, why);
+}
+
 void Server::cull_kernels() {
   const auto& c = opts_.culling;
   for (const auto& k : manager_->list()) {

@@ -72,6 +72,7 @@ class Server final : public Services {
   double started_unix() const override { return started_unix_; }
   std::string last_activity() const override;
   void touch() override { last_activity_ = iso_now(); }
+  void interrupt_as_agent(const std::string& job, const std::string& agent, const std::string& why) override;
 
   // SIGHUP: `load` reads kgate.toml again with the command line's flags applied over it (main
   // provides it) and reload() takes on what can change in a running kgate: tokens, limits,

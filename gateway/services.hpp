@@ -73,6 +73,9 @@ class Services {
     std::string setting;
   };
   virtual std::optional<CullTimeout> cull_timeout(const Kernel& k) const = 0;
+  // Stops `job` as its agent would (the kernel side's stop, else SIGINT under the records' lock),
+  // and logs `why` with the outcome.  Asio thread.
+  virtual void interrupt_as_agent(const std::string& job, const std::string& agent, const std::string& why) = 0;
 
   // ---- The daemon itself: where it listens, since when, last active ----
   virtual tcp::endpoint endpoint() const = 0;

@@ -44,7 +44,8 @@ std::string kernelspecs_body_of(const Services& server, const Catalog& cat);
 void start_kernel_as_post(Services& server, const json& body, unsigned version, Respond respond);
 // Interrupts `job`, as its `agent`, because its input() waited past its input_timeout
 // (JobStore::sweep noted why); the outcome is logged.  On the Asio thread (jobs_api.cpp).
-void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent);
+void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent,
+                          const std::string& why = "its input() had no answer in time");
 
 // The kernel model in jupyter_server's shape.
 json kernel_model_json(const KernelModel& m);

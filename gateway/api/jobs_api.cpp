@@ -446,12 +446,12 @@ void post_interrupt(Services& server, const Request& req, const std::string& job
 
 }  // namespace
 
-void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent) {
+void interrupt_unanswered(Services& server, const std::string& job, const std::string& agent, const std::string& why) {
   Request shape;
   shape.version(11);
-  Replier r = replier(shape, [job](Response res) {
-    if (res.result() == http::status::ok) spdlog::info("{}: its input() had no answer in time; interrupted", job);
-    else spdlog::warn("{}: its input() had no answer in time, and it could not be interrupted: {}", job, res.body());
+  Replier r = replier(shape, [job, why](Response res) {
+    if (res.result() == http::status::ok) spdlog::info("{}: {}; interrupted", job, why);
+    else spdlog::warn("{}: {}, and it could not be interrupted: {}", job, why, res.body());
   });
   auto rec = server.jobs().job(job);
   if (!rec) return;

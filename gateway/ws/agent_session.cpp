@@ -59,6 +59,13 @@ void AgentSession::on_read(beast::error_code ec, std::size_t) {
     server_.jobs().agent_disconnected(agent_.agent, clean);
     spdlog::info("agent {} {}", agent_.agent,
                  clean ? "exited (closed its connection)" : "dropped its connection (" + ec.message() + ")");
+    // On this machine a link dropped without a close frame means kgate-mcp's process is gone
+    // (kill -9, a crash): its foreground cells are stopped now, not run to their end for nobody.
+    // Over a network a drop may be the network: they run on through the claim grace. (A clean
+    // close is kgate-mcp's own end, or a stateless call's: it stops what it means to.)
+    if (local_ && !clean)
+      for (const auto& job : server_.jobs().agent_process_gone(agent_.agent))
+        server_.interrupt_as_agent(job, agent_.agent, "its agent's connection dropped (kgate-mcp is gone)");
   }
 }
 
@@ -68,8 +75,10 @@ void agent_socket(Call& c) {
   std::string label = query_param(c.query, "label");
   if (agent.empty() || agent.size() > 256 || label.size() > 256)
     return c.respond(json_error(c.req, http::status::bad_request, "agent=ID is required (at most 256 bytes; label too)"));
+  const bool on_this_host = c.ctx.peer_loopback;  // read before the stream is taken
   auto s = std::make_shared<AgentSession>(c.take_stream(), c.services, AgentRef{agent, label});
   s->hold_place(c.ctx.connection);
+  s->set_local(on_this_host);
   s->run(std::move(c.req));
 }
 

@@ -22,6 +22,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
 
   // The connection's place among those kgate holds (RequestContext::connection), kept with it.
   void hold_place(std::shared_ptr<void> place) { connection_ = std::move(place); }
+  // The agent is on this machine (a loopback or Unix connection): a drop means it is gone.
+  void set_local(bool on_this_host) { local_ = on_this_host; }
 
  private:
   void on_accept(beast::error_code ec);
@@ -30,7 +32,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession> {
 
   std::unique_ptr<Websocket> ws_;  // over TCP, TLS or the Unix socket
   Services& server_;
-  std::shared_ptr<void> connection_;  // the connection's place (http/connection_gate.hpp), held with it
+  std::shared_ptr<void> connection_;
+  bool local_ = false;  // the connection's place (http/connection_gate.hpp), held with it
   AgentRef agent_;
   beast::flat_buffer rbuf_;
   std::string hello_;

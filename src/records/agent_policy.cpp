@@ -276,6 +276,23 @@ void JobStore::agent_disconnected(const std::string& agent, bool clean) {
   notify();
 }
 
+std::vector<std::string> JobStore::agent_process_gone(const std::string& agent) {
+  std::vector<std::string> out;
+  {
+    std::lock_guard lk(mu_);
+    if (auto a = agents_.find(agent); a != agents_.end() && a->second.connections > 0) return out;  // another link lives
+    for (auto& [n, j] : jobs_) {
+      if (!j.running() || j.task || j.origin != JobOrigin::mcp || j.agent != agent) continue;
+      j.stop_note = "Its agent's connection to kgate dropped (kgate-mcp's process is gone: killed, or crashed), "
+                    "so kgate interrupted it at once.";
+      out.push_back(j.id());
+    }
+    if (!out.empty()) changed_locked();
+  }
+  if (!out.empty()) notify();
+  return out;
+}
+
 std::optional<JobStore::Gone> JobStore::agent_gone(const std::string& agent) const {
   std::lock_guard lk(mu_);
   auto it = agents_.find(agent);

@@ -37,6 +37,7 @@ class StandIn:
         self.final = final
         self.requests = []
         self.results = []  # (tool, input, tool_result block)
+        self.searched = []  # the tools it had to load through ToolSearch first (deferred ones)
         self._lock = threading.Lock()
         self._issued = {}  # tool_use id -> (tool, input), ToolSearch included
         self._n = 0
@@ -90,6 +91,13 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def main_requests(self):
+        """The requests of the conversation itself (they carry the tools), in order."""
+        with self._lock:
+            return [r for r in self.requests
+                    if any(isinstance(t, dict) and (t.get("name") == "ToolSearch" or str(t.get("name", "")).startswith("mcp__"))
+                           for t in r.get("tools", []))]
+
     def saw(self, text):
         """Whether any request of the conversation carried `text` (a task's notification, ...)."""
         with self._lock:
@@ -123,6 +131,7 @@ class StandIn:
             self._n += 1
             uid = f"toolu_{self._n:04d}"
             if tool_name(tool, self.server) not in tools:  # deferred: load it first
+                self.searched.append(tool)
                 self._issued[uid] = ("ToolSearch", None)
                 return [{"type": "tool_use", "id": uid, "name": "ToolSearch",
                          "input": {"query": f"select:{tool_name(tool, self.server)}", "max_results": 5}}], "tool_use"

@@ -252,3 +252,77 @@ def test_the_plugin_gives_claude_code_the_kernel_tools_of_the_installed_kgate_mc
         assert not got.get("is_error") and "from the plugin\n" in result_text(got) and "42" in result_text(got), got
     finally:
         standin.close()
+
+
+def test_execute_is_loaded_with_the_first_request_and_a_declined_input_is_short(kgate_factory, tmp_path, standin):
+    """Issue 60 over kgate's /mcp (stateless): `execute` carries _meta anthropic/alwaysLoad, so the
+    model's first request already has its schema and needs no ToolSearch turn (the other tools
+    stay deferred); a kernel made by a call that asked for input() is named by the retry's answer,
+    so the next call finds `x` there and only one kernel is made; the declined input() reaches the
+    model in a line or two, without ipykernel's frames."""
+    token = "kgate-claude-http-token-60a1"
+    kg = kgate_factory(token=token)
+    before = kernel_ids(kg)
+
+    def on_that_kernel(results):
+        kid = result_text(results[0][2]).split("pass kernel='")[1].split("'")[0]
+        return {"code": "print(x)", "kernel": kid}
+
+    standin.script = [("execute", {"code": "x = 42\nname = input('your name? ')"}),
+                      ("execute", on_that_kernel)]
+    cfg = http_config(tmp_path / "mcp.json", kg.url + "/mcp", token)
+    run = run_print(cfg, tmp_path / "home", standin, tmp_path, timeout=180)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+    first = standin.main_requests()[0]
+    tools = {t["name"]: t for t in first["tools"] if isinstance(t, dict)}
+    execute = tools.get("mcp__kernel__execute")
+    assert execute and "code" in json.dumps(execute.get("input_schema", {})), sorted(tools)
+    assert "mcp__kernel__poll_job" not in tools, "the other tools should stay deferred"
+    assert standin.searched == [], standin.searched  # no ToolSearch turn before the first execute
+    asked, printed = (result_text(r[2]) for r in standin.results)
+    assert "(created" in asked and "pass kernel='" in asked, asked
+    assert "your name? " in asked and "interrupted" in asked and "kernelbase" not in asked, asked
+    body = asked.split("\n", 1)[1]  # after the line naming the kernel
+    assert len(body) < 300, (len(body), body)
+    assert printed.strip().endswith("42"), printed
+    made = kernel_ids(kg) - before
+    assert len(made) == 1, made  # the one kernel, culled once idle
+
+
+def test_a_kgate_restart_during_a_wait_is_named_with_the_time_really_waited(kgate_bin, mcp_bin, tmp_path, standin):  # noqa: F811
+    """Issue 60, point 2: kgate restarted 5 s into a `timeout: 60` cell. The wait goes on for it
+    to come back, the kernel is re-adopted with its job, and the reply names the restart and the
+    time really waited, with the cell's output."""
+    import threading
+
+    from conftest import Kgate, free_port
+    port = free_port()
+    kg = Kgate(kgate_bin, tmp_path / "kg", port=port).start()
+    again = None
+    try:
+        standin.script = [("execute", {"code": "import time\ntime.sleep(12)\nprint('slept 12')", "timeout": 60})]
+        env = {"KGATE_URL": kg.url}
+        cfg = stdio_config(tmp_path / "mcp.json", mcp_bin, {**env, **owner_token_env(env)}, tmp_path / "rpc.log")
+        out = {}
+        runner = threading.Thread(target=lambda: out.update(run=run_print(cfg, tmp_path / "home", standin, tmp_path)))
+        runner.start()
+        assert wait_until(lambda: any(k["execution_state"] == "busy" for k in kg.rest("GET", "/api/kernels")[2]), 90), \
+            kg.log_tail()
+        time.sleep(5)
+        kg.stop(sweep=False)  # SIGTERM: the kernel and its cell go on, for the next kgate
+        again = Kgate(kgate_bin, tmp_path / "kg", port=port).start()
+        runner.join(180)
+        run = out["run"]
+        assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+        text = result_text(standin.results[0][2])
+        assert "slept 12" in text, text
+        m = re.search(r"kgate restarted ([\d.]+) s into the wait and re-adopted the kernel; job-\d+ went on\. "
+                      r"It ended after ([\d.]+) s of waiting", text)
+        assert m, text
+        assert 3 < float(m.group(1)) < 9 and 10 < float(m.group(2)) < 30, m.groups()
+    finally:
+        if again:
+            again.cleanup_kernels()
+            again.stop()
+        else:
+            kg.stop()

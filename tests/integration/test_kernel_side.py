@@ -408,7 +408,7 @@ def test_kgate_mcp_runs_a_background_task(kgate_factory, mcp_bin, tmp_path):
         text = agent.ok("poll_job", job=job, wait=1)
         assert "tick" in text, text
         status = agent.ok("server_status")
-        assert f"running: {job} (your background task: interrupt(job='{job}') stops it)" in status, status
+        assert f"state: busy (background task {job}, yours: interrupt(job='{job}') stops it)" in status, status
         text = agent.ok("interrupt", job=job)
         assert job in text and "interrupted" in text, text
         assert agent.ok("execute", code="print('after')").startswith("after")
@@ -429,7 +429,7 @@ def test_a_background_task_stays_running_until_it_ends(kgate_factory, mcp_bin, t
         text = agent.ok("poll_job", job=job, wait=6.5)  # past the 5 s grace
         assert f"{job}: running" in text or "still running" in text, text
         status = agent.ok("server_status")
-        assert f"running: {job}" in status, status
+        assert f"state: busy (background task {job}" in status, status
         assert job in agent.error("execute", code="1 + 1")
         assert kg.rest("GET", f"/api/kgate/jobs/{job}")[2]["status"] == "running"
         text = agent.ok("poll_job", job=job, wait=15)

@@ -174,10 +174,32 @@ def test_a_killed_conversations_auto_kernel_is_stopped_by_kgate(quick_orphans, m
     assert wait_until(lambda: kid not in kernel_ids(kg), 15), kg.log_tail()
     took = [ln for ln in kg.log_lines if "auto kernel of a conversation that ended" in ln]
     assert took, kg.log_tail()
-    # The running cell's record says why its kernel went.
+    # The running cell was interrupted as soon as the link dropped (issue 60), before the kernel
+    # went; its record says why.
     body = kg.rest("GET", f"/api/kgate/jobs?kernel={kid}")[2]
     cell = next(j for j in body["jobs"] if "sleep" in j["code"])
-    assert cell["status"] == "culled" and "conversation that ended" in cell["note"], cell
+    assert cell["status"] == "interrupted" and "connection to kgate dropped" in cell["note"], cell
+
+
+def test_a_killed_conversations_cell_is_interrupted_at_once(kgate, mcp_bin, tmp_path):  # noqa: F811
+    """kill -9 of kgate-mcp during a 30 s cell (issue 60, point 5): on loopback the dropped link
+    means the process is gone, so kgate interrupts the cell at once, and the record says why; the
+    kernel itself waits out the grace (60 s by default) as before."""
+    p = Mcp(mcp_bin, tmp_path / "a", {"KGATE_URL": kgate.url})
+    kid = auto_kernel_of(kgate, p, 1)
+    call(p, 2, "execute", code="import time\ntime.sleep(30)", timeout=120)
+    assert wait_until(lambda: kgate.kernel_model(kid)["execution_state"] == "busy", 15)
+    p.proc.kill()
+    p.proc.wait()
+    killed = time.monotonic()
+    assert wait_until(lambda: kgate.kernel_model(kid)["execution_state"] == "idle", 2), kgate.kernel_model(kid)
+    print(f"idle {time.monotonic() - killed:.2f} s after the SIGKILL")
+    body = kgate.rest("GET", f"/api/kgate/jobs?kernel={kid}")[2]
+    cell = next(j for j in body["jobs"] if "sleep" in j["code"])
+    assert cell["status"] == "interrupted", cell
+    assert "connection to kgate dropped (kgate-mcp's process is gone" in cell["note"], cell
+    assert kid in kernel_ids(kgate)  # the kernel waits out the grace
+    kgate.delete_kernel(kid)
 
 
 def test_a_conversation_killed_before_its_link_opened_still_loses_its_auto_kernel(quick_orphans):

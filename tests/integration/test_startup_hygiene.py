@@ -86,3 +86,25 @@ def test_a_relative_runtime_dir_is_made_absolute(kgate_bin, tmp_path):
     finally:
         kg.stop()
     assert not any(name.startswith("kernel-") for name in os.listdir("/"))
+
+
+def test_a_runtime_dir_below_another_users_folder_is_refused(kgate_bin, tmp_path):
+    """Issue 59's symlink swap: a folder above the runtime dir that another user owns (or may
+    write to) lets them swap the way to it after kgate checked it. kgate does not start there."""
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root to chown a folder to another user")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    mine = theirs / "mine"
+    mine.mkdir(mode=0o700)  # made by root inside it: kgate's own, but nobody can rename it
+    p = serve(kgate_bin, tmp_path, "--runtime-dir", str(mine / "runtime"))
+    assert p.returncode != 0, p.stderr
+    assert f"its parent folder {theirs} is owned by uid 65534".encode() in p.stderr, p.stderr
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    p = serve(kgate_bin, tmp_path, "--state-dir", str(open_dir / "state"))
+    assert p.returncode != 0, p.stderr
+    assert f"its parent folder {open_dir} is writable by other users (mode 0777)".encode() in p.stderr, p.stderr

@@ -60,6 +60,12 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
   std::string input_notes;
   bool gave_up = false;
   json rec;
+  // How the wait went (execute's reply says it): when kgate stopped answering (seconds into the
+  // wait, -1: never), and "gone" (not back when the wait ended), "back" (it came back and the
+  // job went on: the kernel was re-adopted) or "back_without_job" (it came back without it).
+  double gone_at = -1;
+  std::string gateway;
+  std::string asked;  // the prompt of the last input() asked of the user
   if (resume) {
     // The retry of a call answered input_required: the same cell goes on, with its answer.
     job = (*resume)["job"].get<std::string>();
@@ -78,6 +84,7 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     const json* answer = call && call->input_responses.is_object() && call->input_responses.contains(key)
                              ? &call->input_responses[key] : nullptr;
     if (answer && running(rec) && rec.contains("input_request")) {
+      if (rec["input_request"].is_object()) asked = rec["input_request"].value("prompt", "");
       std::string note = give_answer(t, job, *answer);
       if (!note.empty()) {
         gave_up = true;
@@ -122,6 +129,7 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     if (left <= 0) break;
     if (call && call->cancelled) break;
     if (can_ask && !gave_up && rec.contains("input_request") && rec["input_request"].is_object()) {
+      asked = rec["input_request"].value("prompt", "");
       std::string note = answer_input(t, job, rec["input_request"], *call, left);
       // A note means the cell was interrupted: its input_request stays until the interrupt
       // lands, and is not asked again.
@@ -145,6 +153,23 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     // interrupt lands: do not spin on it.
     if (gave_up && rec.contains("input_request")) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     auto p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
+    // kgate not answering (a restart, say): the wait goes on within its time, for it to come back.
+    while (p.status == 0 && !(call && call->cancelled) && timeout - elapsed() > 0) {
+      if (gone_at < 0) gone_at = elapsed();
+      std::this_thread::sleep_for(std::chrono::milliseconds(long(std::min(0.25, timeout - elapsed()) * 1000)));
+      left = timeout - elapsed();
+      if (left <= 0) break;
+      p = t.http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::min(left, kSlice)), 30s);
+    }
+    if (p.status == 0) {
+      gateway = "gone";
+      break;
+    }
+    if (gone_at >= 0 && gateway.empty()) gateway = "back";
+    if (p.status == 404 && gateway == "back") {
+      gateway = "back_without_job";
+      break;
+    }
     if (p.status != 200) break;
     rec = p.json_body();
   }
@@ -161,7 +186,13 @@ json Translator::run_cell(const Target& t, const std::string& code, double timeo
     }
   }
   still_running = running(rec);
-  if (!input_notes.empty() && rec.is_object()) rec["kgate_mcp_input_note"] = input_notes;
+  if (!input_notes.empty() && rec.is_object())
+    rec["kgate_mcp_input_note"] =
+        (asked.empty() ? std::string() : "The cell asked input(" + json(asked).dump() + ").\n") + input_notes;
+  if (rec.is_object()) {
+    rec["kgate_mcp_wait"] = {{"waited", elapsed()}};
+    if (!gateway.empty()) rec["kgate_mcp_wait"].update({{"gateway", gateway}, {"gone_at", gone_at}});
+  }
   return rec;
 }
 
@@ -247,6 +278,34 @@ void Translator::ack(const Target& t, const std::vector<std::string>& ids) {
   t.http->post("api/kgate/kernels/" + t.cur.kernel + "/digest/ack", json{{"agent", agent_}, {"jobs", ids}}, 10s);
 }
 
+namespace {
+
+// Why a wait on `job` returned while the job still ran, in one or two sentences, with the time
+// really waited: its timeout, or kgate gone and not back, or kgate back without the job.
+// (For a job that ended after kgate came back: what happened on the way.)
+std::string wait_text(const json& rec, const std::string& job, double timeout) {
+  const json w = rec.is_object() && rec.contains("kgate_mcp_wait") ? rec["kgate_mcp_wait"] : json::object();
+  const double waited = w.value("waited", timeout);
+  const std::string gateway = w.value("gateway", "");
+  const std::string at = fmt_seconds(w.value("gone_at", 0.0));
+  if (gateway == "gone")
+    return job + " was running when kgate stopped answering, " + at + " s into the wait (a restart, or kgate "
+           "stopped); it had not come back when the wait ended after " + fmt_seconds(waited) +
+           " s. The kernel and the job may be there again once kgate is back.";
+  if (gateway == "back_without_job")
+    return "kgate stopped answering " + at + " s into the wait and came back without " + job +
+           "'s record (its kernel may not have been re-adopted); the wait ended after " + fmt_seconds(waited) +
+           " s. Check the kernel with server_status.";
+  const std::string restart = gateway == "back"
+                                  ? "kgate restarted " + at + " s into the wait and re-adopted the kernel; " + job +
+                                        " went on. "
+                                  : "";
+  if (!running(rec)) return restart + "It ended after " + fmt_seconds(waited) + " s of waiting.";
+  return restart + job + " is still running after " + fmt_seconds(waited) + " s.";
+}
+
+}  // namespace
+
 ToolReply Translator::execute(Call& c) {
   auto code_it = c.arguments.find("code");
   if (code_it == c.arguments.end() || !code_it->is_string()) throw InvalidParams("'code' (a string) is required");
@@ -276,6 +335,10 @@ ToolReply Translator::execute(Call& c) {
     if (!resume)
       return text_reply("Invalid requestState: " + why + ". Nothing ran. Run the cell again if it is still needed.", true);
     args["kernel"] = (*resume)["kernel"];
+    // The first call made the kernel, and its answer (input_required) had no text to name it in:
+    // this one names it.
+    if (auto created = resume->find("created"); created != resume->end() && created->is_string())
+      banner = created->get<std::string>();
   }
   if (!resume) {
     std::lock_guard create(create_mu_);  // parallel first calls must not each create a kernel
@@ -323,8 +386,10 @@ ToolReply Translator::execute(Call& c) {
     json form = input_form(rec["kgate_mcp_input_required"].value("prompt", ""));
     form["mode"] = "form";
     r.input_requests = json{{key, {{"method", "elicitation/create"}, {"params", std::move(form)}}}};
-    r.request_state = seal_state({{"tool", c.tool}, {"code", keyed_digest(code)}, {"job", job},
-                                  {"kernel", t->cur.kernel}, {"agent", agent_}, {"key", key}, {"exp", exp}});
+    json state = {{"tool", c.tool}, {"code", keyed_digest(code)}, {"job", job}, {"kernel", t->cur.kernel},
+                  {"agent", agent_}, {"key", key}, {"exp", exp}};
+    if (!banner.empty()) state["created"] = banner;  // named by the retry's answer
+    r.request_state = seal_state(state);
     return r;
   }
   std::vector<std::string> to_ack;
@@ -337,6 +402,14 @@ ToolReply Translator::execute(Call& c) {
   json content = json::array();
   // Every output in order, from the kernel's websocket (records keep no display_data).
   std::vector<CellOutput> outs = !t->cur.kgate ? direct : job_outputs(channel_, rec, watched);
+  // An input() the user declined interrupted the cell: the note says so in two lines, and the
+  // KeyboardInterrupt's traceback (ipykernel's own frames, ~1,200 characters) is left out.
+  if (rec.is_object() && rec.contains("kgate_mcp_input_note"))
+    outs.erase(std::remove_if(outs.begin(), outs.end(),
+                              [](const CellOutput& o) {
+                                return o.kind == CellOutput::Kind::error && o.ename == "KeyboardInterrupt";
+                              }),
+               outs.end());
   if (!t->cur.kgate && still) job = "the cell";
   if (still && background) {
     std::string partial = render_text(outs);
@@ -346,15 +419,16 @@ ToolReply Translator::execute(Call& c) {
                                  (partial.empty() ? "(none yet)" : partial)));
   } else if (still) {
     std::string partial = render_text(outs);
-    content.push_back(text_block(banner + job + " is still running after " + fmt_seconds(timeout) +
-                                 " s. Poll it with poll_job('" + job + "') (it waits for the end), or stop it with "
-                                 "interrupt. Do not run it again.\nPartial output:\n" +
-                                 (partial.empty() ? "(none yet)" : partial)));
+    content.push_back(text_block(banner + wait_text(rec, job, timeout) + " Poll it with poll_job('" + job +
+                                 "') (it waits for the end), or stop it with interrupt. Do not run it again.\n"
+                                 "Partial output:\n" + (partial.empty() ? "(none yet)" : partial)));
   } else {
     content = render_content(outs);
     if (content.empty() || content_text(content).empty()) append_text(content, "(no output)");
     if (!banner.empty()) content.insert(content.begin(), text_block(banner));
   }
+  if (!still && rec.is_object() && rec["kgate_mcp_wait"].value("gateway", "") == "back")
+    append_text(content, "\n" + wait_text(rec, job, timeout));
   if (rec.is_object() && rec.contains("kgate_mcp_input_note"))
     append_text(content, "\n" + rec["kgate_mcp_input_note"].get<std::string>());
   else if (rec.is_object() && rec["error"].is_object() && rec["error"].value("ename", "") == "StdinNotImplementedError")
@@ -409,9 +483,21 @@ ToolReply Translator::poll_job(Call& c) {
   auto http = client(ep);
   auto start = std::chrono::steady_clock::now();
   json rec;
+  double gone_at = -1;  // seconds into the wait when kgate stopped answering, -1: never
   while (true) {
     double left = wait - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     auto r = http->get("api/kgate/jobs/" + job + "?digest=1&agent=" + agent_ + "&wait=" + fmt_seconds(std::max(0.0, std::min(left, kSlice))), 30s);
+    if (r.status == 0 && left > 0.25 && !c.cancelled) {  // kgate not answering (a restart): wait for it
+      if (gone_at < 0) gone_at = wait - left;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      continue;
+    }
+    if (r.status == 0 && gone_at >= 0)
+      return text_reply("kgate stopped answering " + fmt_seconds(gone_at) + " s into the wait for " + job +
+                            " (a restart, or kgate stopped) and had not come back after " +
+                            fmt_seconds(wait - std::max(0.0, left)) + " s. poll_job('" + job +
+                            "') again once it is back: a re-adopted kernel keeps its jobs.",
+                        true);
     if (r.status == 404) return text_reply("No such job '" + job + "'.", true);
     if (r.status != 200) return text_reply("cannot read " + job + " from " + ep.url + ": " + r.message(), true);
     rec = r.json_body();
@@ -424,7 +510,9 @@ ToolReply Translator::poll_job(Call& c) {
   std::vector<CellOutput> outs = job_outputs(channel_, rec, false);
   json content = ended ? render_content(outs) : json::array();
   std::string head = job + ": " + status_of(rec) + " (" + fmt_seconds(rec.value("elapsed", 0.0)) + " s)" +
-                     (rec.value("origin", "") == "user" ? ", run by the user" : "");
+                     (rec.value("origin", "") == "user" ? ", run by the user" : "") +
+                     (gone_at >= 0 ? " [kgate restarted " + fmt_seconds(gone_at) + " s into this wait; the kernel "
+                                     "was re-adopted]" : "");
   std::string text = head + "\n";
   // A cell the agent did not send: its code too, which the agent has no other way to read.
   if (rec.value("origin", "") == "user") text += quoted_code(rec.value("code", ""));

@@ -277,24 +277,26 @@ ToolReply Translator::server_status(Call&) {
   auto k = http->get((cur->kgate ? "api/kgate/kernels/" : "api/kernels/") + cur->kernel, 5s);
   if (k.status == 404) return text_reply(out + " — gone (connect to create or attach to another)", true);
   json kj = k.json_body();
-  out += "\nstate: " + kj.value("execution_state", "?");
+  // What runs, named in the state: a background task leaves the kernel idle for cells.
+  std::string state = kj.value("execution_state", "?");
+  if (kj.contains("running_job") && kj["running_job"].is_string()) {
+    const std::string job = kj["running_job"].get<std::string>();
+    auto r = http->get("api/kgate/jobs/" + job, 5s);
+    json rec = r.status == 200 ? r.json_body() : json();
+    const bool task = rec.is_object() && rec.value("task", false);
+    const std::string whose = !rec.is_object()                      ? ""
+                              : rec.value("origin", "") == "user"   ? ", the user's"
+                              : rec.value("agent", "") == agent_    ? (task ? ", yours: interrupt(job='" + job + "') stops it" : ", yours")
+                                                                    : ", another agent's";
+    state = "busy (" + std::string(task ? "background task " : "") + job + whose + ")";
+  }
+  out += "\nstate: " + state;
   if (kj.value("responsive", true) == false && kj.value("execution_state", "") != "dead")
     out += " — UNRESPONSIVE: no heartbeat for " + fmt_seconds(kj.value("silent_seconds", 0.0)) +
            " s (the process is stopped or frozen: send it SIGCONT, or restart the kernel)";
   if (kj.contains("kgate_placement") && kj["kgate_placement"].is_object())
     out += "\nruns " + kgate::client::placement_text(kj["kgate_placement"]) +
            (kj.value("execution_state", "") == "starting" ? " — queued: execute works once it runs" : "");
-  if (kj.contains("running_job") && kj["running_job"].is_string()) {
-    const std::string job = kj["running_job"].get<std::string>();
-    out += "\nrunning: " + job;
-    // A background task says whose it is: the agent may stop its own, not the user's.
-    auto r = http->get("api/kgate/jobs/" + job, 5s);
-    json rec = r.status == 200 ? r.json_body() : json();
-    if (rec.is_object() && rec.value("task", false))
-      out += rec.value("origin", "") == "user" ? " (the user's background task)"
-             : rec.value("agent", "") == agent_ ? " (your background task: interrupt(job='" + job + "') stops it)"
-                                                : " (another agent's background task)";
-  }
   if (kj.contains("kgate_kernel_side") && kj["kgate_kernel_side"].is_object()) out += kernel_side_text(kj["kgate_kernel_side"]);
   if (kj.contains("claim") && kj["claim"].is_object()) {
     auto& cl = kj["claim"];

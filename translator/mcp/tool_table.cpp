@@ -175,13 +175,14 @@ const std::vector<Translator::Tool>& Translator::tools() {
   // (2025-03-26 on), which a client may use to ask before a call or to run read-only tools
   // without asking.  task: MCP tasks (2025-11-25 and the 2026 extension) may run the call as a
   // task; without them the tool answers in the call (execute: with a job id after its timeout).
-  //   name, title, {read_only, destructive, idempotent, open_world}, task, description, schema, member
+  //   name, title, {read_only, destructive, idempotent, open_world}, task, description, schema, member,
+  //   always_load
   static const std::vector<Tool> table = {
       {"connect", "Connect to a kernel", {false, false, false, false}, false, kConnectDesc, connect_schema,
        &Translator::connect},
       // Arbitrary code: it may change anything the kernel can reach, the network included.
       {"execute", "Run Python code in the kernel", {false, true, false, true}, true, kExecuteDesc, execute_schema,
-       &Translator::execute},
+       &Translator::execute, /*always_load=*/true},
       {"poll_job", "Read a job's state and output", {true, false, true, false}, false, kPollDesc, poll_schema,
        &Translator::poll_job},
       {"list_kernels", "List kernelspecs and kernels", {true, false, true, false}, false, kListDesc, host_schema,
@@ -218,6 +219,7 @@ json Translator::tool_list() const {
                   {"title", t.title},
                   {"annotations", std::move(a)}};
     if (t.task) entry["execution"] = {{"taskSupport", "optional"}};
+    if (t.always_load) entry["_meta"] = {{"anthropic/alwaysLoad", true}};
     list.push_back(std::move(entry));
   }
   return list;

@@ -81,6 +81,9 @@ class Translator final : public ToolHandler {
     const char* description;   // what the model reads: at most 700 characters
     json (*schema)();          // the inputSchema
     ToolReply (Translator::*run)(Call&);
+    // Loaded with the first request (_meta "anthropic/alwaysLoad"): Claude Code defers the
+    // others behind ToolSearch, which costs the model a turn before its first call.
+    bool always_load = false;
   };
   static const std::vector<Tool>& tools();
 

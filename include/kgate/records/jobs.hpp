@@ -256,6 +256,10 @@ class JobStore final : public KernelObserver {
   // alive for claim_grace after that (or after its last request), in case it comes back.
   void agent_connected(const AgentRef& agent);
   void agent_disconnected(const std::string& agent, bool clean);
+  // The agent's link dropped where a drop means its process is gone (a loopback or Unix
+  // connection): its running foreground cells (not its background tasks, meant to outlive a
+  // call) are noted so, and returned for the caller to interrupt as the agent.
+  std::vector<std::string> agent_process_gone(const std::string& agent);
   void touch_agent(const AgentRef& agent);
   // An agent a re-adopted kernel names (its conversation) that this kgate has not met: seen now,
   // so it counts as gone once claim_grace passes without it coming back (agent_gone).
