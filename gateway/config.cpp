@@ -253,6 +253,10 @@ void load_config_file(const std::filesystem::path& path, GatewayOptions& opts) {
         else if (key == "persist") rl.persist = r.boolean(node, full);
         else if (key == "sync_interval_ms") rl.sync_interval = std::chrono::milliseconds(r.integer(node, full, 10, 60000));
         else if (key == "max_waiters") opts.max_waiters = std::size_t(r.integer(node, full, 1, 1 << 20));
+        else if (key == "output_bytes") rl.outputs.output_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "cell_output_bytes") rl.outputs.cell_bytes = std::size_t(r.integer(node, full, 1024, big));
+        else if (key == "kernel_output_disk_bytes")
+          rl.outputs.kernel_disk_bytes = std::size_t(r.integer(node, full, 0, big));
         else r.fail(full, "unknown key");
       } else if (section == "discovery") {
         auto& d = opts.discovery;

@@ -91,7 +91,10 @@ Server::Server(GatewayOptions opts)
     spdlog::info("removed {} stale connection file{} of a kgate that is gone, in {}: {}", stale.size(),
                  stale.size() == 1 ? "" : "s", opts_.runtime_dir.string(), fmt::join(stale, ", "));
   // Their records, read back before the kernels are listened to again (docs/dev/readoption.md).
-  if (records_.enabled()) jobs_.persist_to(&records_);
+  if (records_.enabled()) {
+    jobs_.persist_to(&records_);
+    jobs_.keep_outputs_in(opts_.state_dir / "outputs");  // big output values as files (0600)
+  }
   for (const auto& line : jobs_.restore(records_.load(keep))) spdlog::info("{}", line);
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
@@ -469,7 +472,10 @@ void Server::reload() {
                     n.records.claim_grace != opts_.records.claim_grace ||
                     n.records.reply_grace != opts_.records.reply_grace ||
                     n.records.persist != opts_.records.persist ||
-                    n.records.sync_interval != opts_.records.sync_interval,
+                    n.records.sync_interval != opts_.records.sync_interval ||
+                    n.records.outputs.output_bytes != opts_.records.outputs.output_bytes ||
+                    n.records.outputs.cell_bytes != opts_.records.outputs.cell_bytes ||
+                    n.records.outputs.kernel_disk_bytes != opts_.records.outputs.kernel_disk_bytes,
                 "[records]");
   needs_restart(n.discovery.interpreters != opts_.discovery.interpreters ||
                     n.discovery.watch_interval != opts_.discovery.watch_interval ||

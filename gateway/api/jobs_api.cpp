@@ -227,12 +227,14 @@ json digest_json(Services& server, const std::string& kernel) {
 // record no longer running carries its kernel's digest as it is at that moment (the agent's
 // note, without a second request: docs/records.md).
 void respond_job_when_done(Services& server, const std::string& id, std::chrono::milliseconds wait, Replier r,
-                           bool digest = false) {
+                           bool digest = false, bool outputs = false) {
   auto& jobs = server.jobs();
-  auto done = [&server, &jobs, id, r, digest] {
+  auto done = [&server, &jobs, id, r, digest, outputs] {
     auto j = jobs.job(id);
     if (!j) return r.error(http::status::not_found, "No such job '" + id + "' (it was evicted)");
     json body = job_json(*j, true, std::chrono::steady_clock::now());
+    // Every output as nbformat outputs (null: not kept, a record read back from disk).
+    if (outputs) body["outputs"] = jobs.outputs(*j).value_or(json(nullptr));
     if (digest && j->status != JobStatus::running) body["digest"] = digest_json(server, j->kernel);
     r.ok(body);
   };
@@ -523,7 +525,8 @@ void get_notebook(Services& server, const Request& req, const std::string& id, R
   auto k = server.manager().get(id);
   auto jobs = server.jobs().kernel_jobs(id);
   if (!k && jobs.empty()) return respond(json_error(req, http::status::not_found, "Kernel does not exist: " + id));
-  json nb = notebook_json(jobs, server.jobs().restarts(id), k ? &k->spec() : nullptr);
+  json nb = notebook_json(jobs, server.jobs().restarts(id), k ? &k->spec() : nullptr,
+                          [&server](const Job& j) { return server.jobs().outputs(j); });
   Response res = json_response(req, http::status::ok, dump_json(nb, 1));
   res.set(http::field::content_type, "application/x-ipynb+json");
   res.set(http::field::content_disposition, "attachment; filename=\"kernel-" + id + ".ipynb\"");
@@ -679,8 +682,11 @@ void job_get(Call& c) {
   std::string dg = query_param(c.query, "digest");
   if (!dg.empty() && dg != "0" && dg != "1")
     return c.respond(json_error(c.req, http::status::bad_request, "digest=" + dg + ": expected 0 or 1"));
+  std::string outs = query_param(c.query, "outputs");
+  if (!outs.empty() && outs != "0" && outs != "1")
+    return c.respond(json_error(c.req, http::status::bad_request, "outputs=" + outs + ": expected 0 or 1"));
   if (std::string agent = query_param(c.query, "agent"); !agent.empty()) c.services.jobs().touch_agent(AgentRef{agent, ""});
-  respond_job_when_done(c.services, job, *wait, replier(c.req, std::move(c.respond)), dg == "1");
+  respond_job_when_done(c.services, job, *wait, replier(c.req, std::move(c.respond)), dg == "1", outs == "1");
 }
 
 void job_interrupt(Call& c) { post_interrupt(c.services, c.req, c.param(0), std::move(c.respond)); }

@@ -59,7 +59,7 @@ json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now
 }
 
 json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>& marks,
-                   const KernelSpec* spec) {
+                   const KernelSpec* spec, const std::function<std::optional<json>(const Job&)>& outputs_of) {
   auto lines = [](const std::string& text) {
     json arr = json::array();
     std::size_t i = 0;
@@ -88,20 +88,32 @@ json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>&
     head << "# [" << j.id() << " · " << origin_name(j.origin) << " · " << status_name(j.status) << " · "
          << std::fixed << std::setprecision(2) << j.elapsed(now) << " s · " << j.created << "]\n";
     json outputs = json::array();
-    if (!j.output.text().empty() || j.output.cut()) {
-      std::string text(j.output.text());
-      if (j.output.cut()) text = "[" + std::to_string(j.output.cut()) + " earlier bytes cut]\n" + text;
-      outputs.push_back({{"output_type", "stream"}, {"name", "stdout"}, {"text", lines(text)}});
+    if (std::optional<json> kept = outputs_of ? outputs_of(j) : std::nullopt) {
+      // Every output as it came (nbformat's multiline strings as lists of lines, as Jupyter writes them).
+      for (json& o : *kept) {
+        if (o.contains("text") && o["text"].is_string()) o["text"] = lines(o["text"].get<std::string>());
+        if (auto d = o.find("data"); d != o.end() && d->is_object())
+          for (auto& [mime, v] : d->items())
+            if (v.is_string() && (mime.rfind("text/", 0) == 0 || mime == "image/svg+xml")) v = lines(v.get<std::string>());
+        outputs.push_back(std::move(o));
+      }
+    } else {
+      // A record whose outputs were not kept (read back from disk): its text, result and error.
+      if (!j.output.text().empty() || j.output.cut()) {
+        std::string text(j.output.text());
+        if (j.output.cut()) text = "[" + std::to_string(j.output.cut()) + " earlier bytes cut]\n" + text;
+        outputs.push_back({{"output_type", "stream"}, {"name", "stdout"}, {"text", lines(text)}});
+      }
+      if (!j.result.text().empty())
+        outputs.push_back({{"output_type", "execute_result"},
+                           {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},
+                           {"data", {{"text/plain", lines(std::string(j.result.text()))}}},
+                           {"metadata", json::object()}});
+      if (!j.ename.empty())
+        outputs.push_back({{"output_type", "error"}, {"ename", j.ename}, {"evalue", j.evalue}, {"traceback", j.traceback}});
+      if (!j.note.empty())
+        outputs.push_back({{"output_type", "stream"}, {"name", "stderr"}, {"text", lines(j.note + "\n")}});
     }
-    if (!j.result.text().empty())
-      outputs.push_back({{"output_type", "execute_result"},
-                         {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},
-                         {"data", {{"text/plain", lines(std::string(j.result.text()))}}},
-                         {"metadata", json::object()}});
-    if (!j.ename.empty())
-      outputs.push_back({{"output_type", "error"}, {"ename", j.ename}, {"evalue", j.evalue}, {"traceback", j.traceback}});
-    if (!j.note.empty())
-      outputs.push_back({{"output_type", "stream"}, {"name", "stderr"}, {"text", lines(j.note + "\n")}});
     cells.push_back({{"cell_type", "code"},
                      {"id", j.id()},
                      {"execution_count", j.execution_count ? json(*j.execution_count) : json(nullptr)},

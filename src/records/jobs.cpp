@@ -153,7 +153,7 @@ struct Unescaper {
 
 // Appends the stream text of `content` to `out`, valid UTF-8 (see append_valid).  False when the
 // content is not a stream message's JSON; what was appended before a bad escape stays.
-bool record_stream_text(const std::string& content, TailText& out) {
+bool record_stream_text(const std::string& content, TailText& out, bool* is_stderr = nullptr) {
   std::string_view body;
   std::optional<StreamReader> own;
   StreamReader* reader;
@@ -164,6 +164,13 @@ bool record_stream_text(const std::string& content, TailText& out) {
     reader = &own.emplace();  // its buffers go with it, not kept for the thread's life
   }
   if (!reader->token(content, body)) return false;
+  // The stream's name comes before its text (ipykernel's order); a name after it reads as stdout.
+  if (is_stderr) {
+    // `body` is a view of `content`, or of the reader's padded copy of it.
+    const bool in_content = body.data() >= content.data() && body.data() <= content.data() + content.size();
+    const char* base = in_content ? content.data() : reader->padded.data();
+    *is_stderr = std::string_view(base, std::size_t(body.data() - base)).find("\"stderr\"") != std::string_view::npos;
+  }
   static thread_local Unescaper unescaper;
   // Where the chunks that may reach the kept tail begin.
   const std::size_t tail_from =
@@ -334,7 +341,26 @@ JobStore::JobStore(RecordLimits limits, std::string session)
       session_(session.empty() ? "kgate-" + new_hex_id() : std::move(session)),
       version_(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                               std::chrono::system_clock::now().time_since_epoch())
-                                              .count())) {}
+                                              .count())),
+      outputs_(std::make_unique<OutputStore>(limits_.outputs)) {}
+
+void JobStore::keep_outputs_in(const std::filesystem::path& dir) {
+  std::lock_guard lk(mu_);
+  // The outputs are not read back from disk yet (a record read back shows its text, as before):
+  // the files an earlier kgate left are no one's, and go.
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec) && !it->is_symlink(ec)) std::filesystem::remove(it->path(), ec);
+  outputs_ = std::make_unique<OutputStore>(limits_.outputs, dir);
+}
+
+std::optional<json> JobStore::outputs(const Job& j) const {
+  std::lock_guard lk(mu_);
+  if (!outputs_->has(j.n)) return std::nullopt;
+  json out = outputs_->nbformat(j.n, j.output.text(), j.output.cut());
+  if (!j.note.empty()) out.push_back({{"output_type", "stream"}, {"name", "stderr"}, {"text", j.note + "\n"}});
+  return out;
+}
 
 Job* JobStore::find_locked(const std::string& id) {
   if (id.size() < 5 || id.compare(0, 4, "job-") != 0) return nullptr;
@@ -502,22 +528,30 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
   }
   if (m.channel == Channel::iopub) {
     const auto& t = m.msg_type;
-    if (t != "execute_input" && t != "stream" && t != "execute_result" && t != "error" && t != "status")
+    if (t != "execute_input" && t != "stream" && t != "execute_result" && t != "error" && t != "status" &&
+        t != "display_data" && t != "update_display_data" && t != "clear_output")
       return;
     {
       std::lock_guard lk(mu_);
       Job* j = by_request_locked(m.parent_msg_id);
       // Most iopub traffic is not a recorded cell's (kernel_info, comms): skip it unparsed.
-      if (!j && t != "execute_input") return;
+      if (!j && t != "execute_input" && t != "update_display_data") return;
       if (t == "stream") {
         std::size_t before = j->bytes();
-        record_stream_text(m.wire.content, j->output);
+        const std::size_t from = j->output.total();
+        bool is_stderr = false;
+        record_stream_text(m.wire.content, j->output, &is_stderr);
+        outputs_->stream(j->kernel, j->n, is_stderr, from, j->output.total());
         add_bytes(before, *j);
         if (bytes_ > limits_.budget_bytes) enforce_locked();
         return;  // output is not a lifecycle change: nothing to notify
       }
       json content = parse_part(m.wire.content);
       if (!content.is_object()) return;
+      if (t == "display_data" || t == "update_display_data" || t == "clear_output" || t == "execute_result" ||
+          t == "error")
+        outputs_->message(kernel->id(), j ? j->n : 0, t, content);  // every output, in order (outputs.hpp)
+      if (t == "display_data" || t == "update_display_data" || t == "clear_output") return;
       if (t == "execute_input") {
         const std::string* code = str_field(content, "code");
         if (!j) {
@@ -785,6 +819,7 @@ void JobStore::enforce_locked() {
     if (!it->second.seen_by_agent) --unseen_;
     by_request_.erase(it->second.request);
     evictable_.erase(it->first);
+    outputs_->drop(it->first);
     return jobs_.erase(it);
   };
   // Oldest evictable (finished, and seen or not foreign) first, while over the count or the

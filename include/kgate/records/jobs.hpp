@@ -12,7 +12,9 @@
 #include <deque>
 #include <cstdint>
 #include <functional>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "kgate/kernel/kernel.hpp"
+#include "kgate/records/outputs.hpp"
 #include "kgate/records/record_log.hpp"
 
 namespace kgate {
@@ -45,6 +48,7 @@ struct RecordLimits {
   // written at once, and fdatasync'd within sync_interval.
   bool persist = true;
   std::chrono::milliseconds sync_interval{500};
+  OutputLimits outputs;  // every output of a cell, as nbformat outputs (outputs.hpp)
 };
 
 // Text capped at a byte budget that keeps the tail (cut at a UTF-8 boundary).
@@ -273,6 +277,12 @@ class JobStore final : public KernelObserver {
   std::optional<Gone> agent_gone(const std::string& agent) const;
 
   std::optional<Job> job(const std::string& id) const;
+  // The outputs of `j` (a record read from this store) as nbformat outputs, in the order they
+  // came, its note last; nullopt for a job whose outputs were not kept (one read back from disk).
+  std::optional<json> outputs(const Job& j) const;
+  // Keep big output values in files in `dir` (0700; content-addressed, 0600) instead of memory.
+  // Call before any kernel message.
+  void keep_outputs_in(const std::filesystem::path& dir);
   struct Listing {
     std::uint64_t version = 0;
     std::vector<Job> jobs;  // summaries: output/result/traceback empty, code cut
@@ -370,6 +380,7 @@ class JobStore final : public KernelObserver {
   std::uint64_t counter_ = 0;
   std::uint64_t version_ = 0;
   bool changed_ = false;
+  std::unique_ptr<OutputStore> outputs_;  // every output of the jobs in jobs_, by number
   std::map<std::uint64_t, Job> jobs_;
   std::map<std::string, std::uint64_t> by_request_;
   std::set<std::uint64_t> running_;    // running jobs (a handful: at most a few per kernel)
@@ -390,8 +401,11 @@ class JobStore final : public KernelObserver {
 };
 
 // The kernel's records as an nbformat 4.5 notebook.
+// `outputs_of` gives a job's kept outputs (JobStore::outputs); without them (nullopt, or no
+// function) its text, result and error are shown as before.
 json notebook_json(const std::vector<Job>& jobs, const std::vector<RestartMark>& marks,
-                   const KernelSpec* spec);
+                   const KernelSpec* spec,
+                   const std::function<std::optional<json>(const Job&)>& outputs_of = nullptr);
 // A record as the API shows it (`full` = with output, result and error).
 json job_json(const Job& j, bool full, std::chrono::steady_clock::time_point now);
 
