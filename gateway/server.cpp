@@ -96,6 +96,7 @@ Server::Server(GatewayOptions opts)
     jobs_.keep_outputs_in(opts_.state_dir / "outputs");  // big output values as files (0600)
   }
   for (const auto& line : jobs_.restore(records_.load(keep))) spdlog::info("{}", line);
+  if (records_.enabled()) jobs_.collect_output_files();
   // Records first: a client that sees a cell's idle finds the record already ended.
   manager_ = std::make_unique<KernelManager>(opts_.kernel, opts_.runtime_dir,
                                              std::vector<KernelObserver*>{&jobs_, &hub_});

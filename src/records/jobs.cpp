@@ -346,11 +346,6 @@ JobStore::JobStore(RecordLimits limits, std::string session)
 
 void JobStore::keep_outputs_in(const std::filesystem::path& dir) {
   std::lock_guard lk(mu_);
-  // The outputs are not read back from disk yet (a record read back shows its text, as before):
-  // the files an earlier kgate left are no one's, and go.
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->is_regular_file(ec) && !it->is_symlink(ec)) std::filesystem::remove(it->path(), ec);
   outputs_ = std::make_unique<OutputStore>(limits_.outputs, dir);
 }
 
@@ -608,7 +603,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
           end_locked(*j, st);
         }
       }
-      if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
+      if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ + outputs_->memory_bytes() > limits_.budget_bytes) enforce_locked();
     }
     notify();
     return;
@@ -663,7 +658,7 @@ void JobStore::on_kernel_message(const KernelPtr& kernel, const KernelMessagePtr
         add_bytes(before, *j);
       }
     }
-    if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ > limits_.budget_bytes) enforce_locked();
+    if ((changed_ && jobs_.size() > limits_.max_jobs) || bytes_ + outputs_->memory_bytes() > limits_.budget_bytes) enforce_locked();
   }
   notify();
 }
@@ -828,11 +823,13 @@ void JobStore::enforce_locked() {
   // first (with the records full of unseen foreign jobs, the job just ended is the only
   // evictable one).  So max_jobs may be passed by one job per kernel.  Over the byte budget
   // nothing is spared.
+  // The budget counts the outputs kept in memory too (their files are bounded per kernel).
+  auto held = [this] { return bytes_ + outputs_->memory_bytes(); };
   for (auto ev = evictable_.begin();
-       (jobs_.size() > limits_.max_jobs || bytes_ > limits_.budget_bytes) && ev != evictable_.end();) {
+       (jobs_.size() > limits_.max_jobs || held() > limits_.budget_bytes) && ev != evictable_.end();) {
     auto it = jobs_.find(*ev);
     auto next = std::next(ev);
-    if (bytes_ <= limits_.budget_bytes) {
+    if (held() <= limits_.budget_bytes) {
       auto k = kernels_.find(it->second.kernel);
       if (k != kernels_.end() && k->second.last_ended == it->first) {
         ev = next;
@@ -844,10 +841,11 @@ void JobStore::enforce_locked() {
   }
   // What is left over the budget is unseen foreign jobs (and running ones): drop their text,
   // keep the record, so the agent is still told of them.
-  for (auto it = jobs_.lower_bound(release_from_); it != jobs_.end() && bytes_ > limits_.budget_bytes; ++it) {
+  for (auto it = jobs_.lower_bound(release_from_); it != jobs_.end() && held() > limits_.budget_bytes; ++it) {
     Job& j = it->second;
     if (j.running() || j.released) continue;
     release_from_ = it->first;
+    outputs_->drop(it->first);  // its outputs go with its text (export and page show the record's note)
     std::size_t before = j.bytes();
     j.output.release();
     j.result.release();

@@ -160,7 +160,7 @@ void JobStore::persist_locked() {
     Job& j = it->second;
     j.logged_total = j.output.total();
     j.logged_at = now;
-    if (log_->append(j.kernel, dump(record_line(j)))) touched.insert(j.kernel);
+    if (log_->append(j.kernel, dump(with_outputs_locked(record_line(j))))) touched.insert(j.kernel);
   }
   dirty_.clear();
   for (const auto& k : dirty_kernels_)
@@ -171,6 +171,18 @@ void JobStore::persist_locked() {
     auto& pk = kernels_.at(k);
     if (log_->size(k) > 2 * pk.log_base + kCompactSlack) compact_locked(k, pk);
   }
+}
+
+json JobStore::with_outputs_locked(json line) const {
+  const std::uint64_t n = line.value("n", std::uint64_t{0});
+  if (outputs_->has(n)) line["outputs"] = outputs_->save(n);
+  return line;
+}
+
+void JobStore::collect_output_files() {
+  std::lock_guard lk(mu_);
+  if (auto n = outputs_->collect(); n > 0)
+    spdlog::info("records: removed {} output file{} no record refers to", n, n == 1 ? "" : "s");
 }
 
 void JobStore::compact_locked(const std::string& kernel, PerKernel& pk) {
@@ -184,7 +196,7 @@ void JobStore::compact_locked(const std::string& kernel, PerKernel& pk) {
     if (j.kernel == kernel) {
       j.logged_total = j.output.total();
       j.logged_at = now;
-      lines.push_back(dump(record_line(j)));
+      lines.push_back(dump(with_outputs_locked(record_line(j))));
     }
   if (log_->rewrite(kernel, lines)) pk.log_base = log_->size(kernel);
   log_->save_counter(counter_);
@@ -247,6 +259,7 @@ std::vector<std::string> JobStore::restore(RecordLog::Loaded loaded) {
           continue;
         }
         counter_ = std::max(counter_, j.n);
+        if (auto o = l.find("outputs"); o != l.end()) outputs_->load(kernel, j.n, *o);  // its files held again
         if (j.execution_count && j.generation == pk.generation) pk.last_count = std::max(pk.last_count, *j.execution_count);
         if (!j.seen_by_agent) ++unseen_;
         if (j.running()) {

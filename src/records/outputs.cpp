@@ -158,6 +158,19 @@ void BlobStore::release(const std::string& id) {
   else ::unlink((dir_ / id).c_str());
 }
 
+std::size_t BlobStore::collect() {
+  if (dir_.empty()) return 0;
+  std::size_t n = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const bool ours = is_blob_id(name) || (name.size() > 4 && name.front() == '.' && name.rfind(".tmp") == name.size() - 4);
+    if (!ours || refs_.count(name)) continue;
+    if (::unlink(it->path().c_str()) == 0) ++n;
+  }
+  return n;
+}
+
 std::size_t BlobStore::size_of(const std::string& id) const {
   auto it = refs_.find(id);
   return it == refs_.end() ? 0 : it->second.size;
@@ -411,6 +424,53 @@ json OutputStore::nbformat(std::uint64_t job, std::string_view stream_text, std:
     out.push_back(std::move(output));
   }
   return out;
+}
+
+json OutputStore::save(std::uint64_t job) const {
+  json out = json::array();
+  auto it = cells_.find(job);
+  if (it == cells_.end()) return out;
+  for (const Out& o : it->second.outs) {
+    if (o.kind == Out::Kind::stream)
+      out.push_back({{"stream", o.is_stderr ? "stderr" : "stdout"}, {"from", o.from}, {"to", o.to}});
+    else
+      out.push_back({{"output", o.output}, {"display_id", o.display_id}, {"bytes", o.bytes}});
+  }
+  return out;
+}
+
+void OutputStore::load(const std::string& kernel, std::uint64_t job, const json& saved) {
+  if (!saved.is_array()) return;
+  drop(job);
+  Cell& c = cell(kernel, job);
+  Kernel& k = kernels_[kernel];
+  for (const json& e : saved) {
+    if (!e.is_object()) continue;
+    Out o;
+    if (e.contains("stream")) {
+      o.kind = Out::Kind::stream;
+      o.is_stderr = e.value("stream", "") == "stderr";
+      o.from = e.value("from", std::size_t{0});
+      o.to = e.value("to", std::size_t{0});
+      c.outs.push_back(std::move(o));
+      continue;
+    }
+    o.kind = Out::Kind::rich;
+    o.output = e.value("output", json::object());
+    if (!o.output.is_object() || !o.output.contains("output_type")) continue;
+    o.display_id = e.value("display_id", "");
+    o.bytes = e.value("bytes", std::size_t{0});
+    if (auto d = o.output.find("data"); d != o.output.end() && d->is_object())
+      for (auto& [mime, v] : d->items()) {
+        if (!v.is_object() || !v.contains("kgate_blob")) continue;
+        const std::string id = v.value("kgate_blob", std::string());
+        if (blobs_.hold(id)) k.disk += v.value("bytes", std::size_t{0});
+        else v = "[kgate] this value's file is gone";
+      }
+    c.rich_bytes += o.bytes;
+    if (!o.display_id.empty()) k.displays[o.display_id].insert(job);
+    c.outs.push_back(std::move(o));
+  }
 }
 
 void OutputStore::drop(std::uint64_t job) {

@@ -105,3 +105,27 @@ def test_an_output_past_its_limit_leaves_a_note(kgate_factory, tmp_path):
     cell = next(c for c in nb["cells"] if c.get("id") == body["job"])
     assert "output_bytes" in "".join(cell["outputs"][0]["text"]), cell
     kg.delete_kernel(kid)
+
+
+def test_outputs_survive_a_restart_and_readoption(kgate_bin, tmp_path):
+    from conftest import Kgate
+    kg = Kgate(kgate_bin, tmp_path / "kg").start()
+    again = None
+    try:
+        kid = kg.start_kernel()["id"]
+        code = "import base64\nfrom IPython.display import Image, display\n" \
+               f"print('before')\ndisplay(Image(data=base64.b64decode('{PNG}') + b'\\0' * 20000))"
+        status, body = agent_execute(kg, kid, code, "agent-restart", wait=30)
+        assert status == 200 and body["status"] == "ok", body
+        job = body["job"]
+        kept = outputs_of(kg, job)
+        kg.stop(sweep=False)  # SIGTERM: the kernel stays for the next kgate
+        again = Kgate(kgate_bin, tmp_path / "kg").start()
+        assert outputs_of(again, job) == kept
+        nb = again.rest("GET", f"/api/kgate/kernels/{kid}/notebook")[2]
+        nbformat.validate(nbformat.from_dict(nb))
+        cell = next(c for c in nb["cells"] if c.get("id") == job)
+        assert any("image/png" in o.get("data", {}) for o in cell["outputs"]), cell
+        again.delete_kernel(kid)
+    finally:
+        (again or kg).stop()

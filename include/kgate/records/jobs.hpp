@@ -283,6 +283,9 @@ class JobStore final : public KernelObserver {
   // Keep big output values in files in `dir` (0700; content-addressed, 0600) instead of memory.
   // Call before any kernel message.
   void keep_outputs_in(const std::filesystem::path& dir);
+  // After restore(): removes the files in the outputs folder that no record refers to (an
+  // earlier kgate's, whose records went while it was away, or a write it did not finish).
+  void collect_output_files();
   struct Listing {
     std::uint64_t version = 0;
     std::vector<Job> jobs;  // summaries: output/result/traceback empty, code cut
@@ -372,6 +375,8 @@ class JobStore final : public KernelObserver {
   void persist_locked();
   std::string kernel_line_locked(const std::string& kernel, const PerKernel& pk) const;
   void compact_locked(const std::string& kernel, PerKernel& pk);
+  // A job's disk line with its outputs (OutputStore::save), when it has any.
+  json with_outputs_locked(json line) const;
   void notify();
 
   const RecordLimits limits_;

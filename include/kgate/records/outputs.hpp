@@ -54,6 +54,8 @@ class BlobStore {
   // One reference less; the value (its file) goes with the last.
   void release(const std::string& id);
   std::size_t size_of(const std::string& id) const;
+  // Removes the folder's files no reference holds (and unfinished writes); returns how many.
+  std::size_t collect();
   std::size_t count() const { return refs_.size(); }
   std::size_t bytes() const { return bytes_; }
 
@@ -84,6 +86,12 @@ class OutputStore {
   // stream text, `stream_cut` how many bytes were cut from its front.
   json nbformat(std::uint64_t job, std::string_view stream_text, std::size_t stream_cut) const;
   bool has(std::uint64_t job) const { return cells_.count(job) != 0; }
+  // The job's outputs as its record on disk keeps them (files by id), and read back: a value
+  // whose file is gone becomes a note.
+  json save(std::uint64_t job) const;
+  void load(const std::string& kernel, std::uint64_t job, const json& saved);
+  // Removes the files of the folder that no output refers to; returns how many.
+  std::size_t collect() { return blobs_.collect(); }
   // The job's record went: its outputs go, and the files no other output refers to.
   void drop(std::uint64_t job);
   std::size_t kernel_disk_bytes(const std::string& kernel) const;

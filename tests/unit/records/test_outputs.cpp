@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <fstream>
 #include <string>
 
 #include "kgate/records/outputs.hpp"
@@ -158,6 +159,38 @@ TEST(OutputStore, EveryLimitLeavesANote) {
   // Another kernel has its own budget.
   s.message("j", 6, "display_data", display({{"image/png", std::string(90, 'z')}}));
   EXPECT_EQ(s.nbformat(6, "", 0)[0]["output_type"], "display_data");
+}
+
+// What a record on disk keeps of its outputs, read back by a later kgate: the same outputs, the
+// files held again, and the files no record names removed.
+TEST(OutputStore, SavedAndLoadedByALaterKgate) {
+  TempDir dir{"kgate-outputs"};
+  OutputLimits lim;
+  lim.inline_bytes = 16;
+  json saved1, saved2, before;
+  {
+    OutputStore s(lim, dir.path());
+    s.stream("k", 1, false, 0, 3);
+    s.message("k", 1, "display_data", display({{"image/png", std::string(500, 'p')}}, "fig"));
+    s.stream("k", 1, true, 3, 5);
+    s.message("k", 2, "display_data", display({{"image/png", std::string(400, 'q')}}));
+    saved1 = s.save(1);
+    saved2 = s.save(2);
+    before = s.nbformat(1, "abcde", 0);
+  }
+  ASSERT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 2);
+  std::ofstream(dir.path() / ".half-written.tmp") << "x";
+  OutputStore later(lim, dir.path());
+  later.load("k", 1, json::parse(saved1.dump()));  // job 2's record did not come back
+  EXPECT_EQ(later.collect(), 2u);                    // job 2's file and the unfinished write
+  EXPECT_EQ(later.nbformat(1, "abcde", 0), before);
+  EXPECT_EQ(later.kernel_disk_bytes("k"), 500u);
+  later.message("k", 3, "update_display_data", display({{"text/plain", "updated"}}, "fig"));
+  EXPECT_EQ(later.nbformat(1, "abcde", 0)[1]["data"]["text/plain"], "updated");
+  // A file gone meanwhile: a note in the value's place, not a failure.
+  OutputStore third(lim, dir.path() / "elsewhere");
+  third.load("k", 2, saved2);
+  EXPECT_EQ(third.nbformat(2, "", 0)[0]["data"]["image/png"], "[kgate] this value's file is gone");
 }
 
 TEST(BlobStore, InMemoryWithoutADirectoryAndHeldBackFromDisk) {
