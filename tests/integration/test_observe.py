@@ -200,3 +200,46 @@ def test_observe_page(kgate_factory, browser):
             print(f"screenshot failed: {exc}")
         raise
     assert shot.is_file() and shot.stat().st_size > 1000, f"no screenshot at {shot}"
+
+
+def test_the_page_shows_every_output_an_agents_plot_and_a_persons_html(kgate_factory, browser):
+    """Issue 61: an agent's matplotlib plot shows on the page as an image, and a person's
+    display(HTML(...)) from a client attached by connection file shows in a frame where its
+    <script> does not run."""
+    from jupyter_client import BlockingKernelClient
+    kg = kgate_factory(token=TOKEN)
+    kid = kg.start_kernel()["id"]
+    plot = execute(kg, kid, "%matplotlib inline\nimport matplotlib.pyplot as plt\n"
+                            "plt.plot([1, 3, 2]); plt.title('from the agent'); plt.show()", wait=60)
+    assert plot["status"] == "ok", plot
+    client = BlockingKernelClient()
+    client.load_connection_file(str(kg.connection_file(kid)))
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=30)
+        reply = client.execute_interactive(
+            "from IPython.display import HTML, display\n"
+            "display(HTML('<b id=\"b\">from the person</b><script>parent.document.title = \"pwned\"</script>'))",
+            timeout=30)
+        assert reply["content"]["status"] == "ok", reply
+    finally:
+        client.stop_channels()
+    status, _, listing = kg.rest("GET", f"/api/kgate/jobs?kernel={kid}")
+    html_job = next(j["job"] for j in listing["jobs"] if "from the person" in j["code"])
+
+    page = browser.page()
+    page.navigate(f"{kg.url}/observe?token={TOKEN}")
+    page.wait_for("document.body.dataset.ready === '1'", timeout=10)
+    page.wait_for(f"!!document.querySelector('{sel(plot['job'])}')", timeout=10)
+    page.click(sel(plot["job"]))
+    page.wait_for("(function () { const i = document.querySelector('#detail-outputs img');"
+                  " return !!i && i.complete && i.naturalWidth > 0; })()",
+                  timeout=5, message="the agent's plot is not shown as an image")
+    page.wait_for(f"!!document.querySelector('{sel(html_job)}')", timeout=10)
+    page.click(sel(html_job))
+    page.wait_for("(function () { const f = document.querySelector('#detail-outputs iframe.out-html');"
+                  " return !!f && f.srcdoc.includes('from the person') && f.getAttribute('sandbox') === ''; })()",
+                  timeout=5, message="the person's HTML is not shown in a sandboxed frame")
+    time.sleep(1)
+    assert page.evaluate("document.title") != "pwned", "a script in an HTML output ran"
+    page.screenshot(artifacts_dir() / "observe-outputs.png")
