@@ -80,7 +80,10 @@ std::string BlobStore::put(std::string_view bytes) {
     return id;
   }
   try {
-    ensure_private_dir(dir_);
+    if (!dir_ready_) {  // once: it checks every folder on the way (check_parents)
+      ensure_private_dir(dir_);
+      dir_ready_ = true;
+    }
     const fs::path file = dir_ / id;
     struct stat st {};
     if (::lstat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode) && std::size_t(st.st_size) == bytes.size())
@@ -283,7 +286,7 @@ void OutputStore::stream(const std::string& kernel, std::uint64_t job, bool is_s
   c.outs.push_back(std::move(o));
 }
 
-void OutputStore::message(const std::string& kernel, std::uint64_t job, std::string_view msg_type, const json& content) {
+void OutputStore::message(const std::string& kernel, std::uint64_t job, std::string_view msg_type, json content) {
   if (!content.is_object()) return;
   if (msg_type == "clear_output") {
     Cell& c = cell(kernel, job);
@@ -322,8 +325,8 @@ void OutputStore::message(const std::string& kernel, std::uint64_t job, std::str
     c.outs.push_back(std::move(o));
     return;
   }
-  json data = content.value("data", json::object());
-  json metadata = content.value("metadata", json::object());
+  json data = content.contains("data") ? std::move(content["data"]) : json::object();
+  json metadata = content.contains("metadata") ? std::move(content["metadata"]) : json::object();
   if (!metadata.is_object()) metadata = json::object();
   std::size_t bytes = 0;
   std::string why;

@@ -68,6 +68,7 @@ class BlobStore {
   std::map<std::string, Entry> refs_;
   std::map<std::string, std::string> memory_;  // the values, without a directory
   std::size_t bytes_ = 0;
+  bool dir_ready_ = false;
 };
 
 // The outputs of the cells of all kernels, by job number.
@@ -81,7 +82,7 @@ class OutputStore {
   void stream(const std::string& kernel, std::uint64_t job, bool is_stderr, std::size_t from, std::size_t to);
   // display_data, execute_result, error, update_display_data or clear_output of job `job`, with
   // its content as the kernel sent it.  Other message types are ignored.
-  void message(const std::string& kernel, std::uint64_t job, std::string_view msg_type, const json& content);
+  void message(const std::string& kernel, std::uint64_t job, std::string_view msg_type, json content);
   // The job's outputs as nbformat 4 outputs, files read back: `stream_text` is the job's kept
   // stream text, `stream_cut` how many bytes were cut from its front.
   json nbformat(std::uint64_t job, std::string_view stream_text, std::size_t stream_cut) const;
