@@ -130,11 +130,16 @@ void HttpSession::on_header(beast::error_code ec, std::size_t n) {
   if (ec) return on_read(ec, n);  // the same answers: a header over the limit, a timeout, a close
   const Request& head = parser_->get();
   if (!refused_.empty() || plain_on_tls_) {
-    return refuse(!refused_.empty()
-                      ? json_error(head, http::status::forbidden, refused_)
-                      : json_error(head, http::status::bad_request,
-                                   "This port serves https: use https://" + std::string(head[http::field::host]) +
-                                       std::string(head.target().substr(0, head.target().find('?')))));
+    // A peer that is never served (another uid on the Unix socket, plain http on the TLS port):
+    // the connection closes after the answer.
+    auto res = !refused_.empty()
+                   ? json_error(head, http::status::forbidden, refused_)
+                   : json_error(head, http::status::bad_request,
+                                "This port serves https: use https://" + std::string(head[http::field::host]) +
+                                    std::string(head.target().substr(0, head.target().find('?'))));
+    res.keep_alive(false);
+    linger_ = !parser_->is_done();
+    return write(std::move(res));
   }
   if (auto refusal = check_request(host_.options, head, RequestContext{peer_loopback_, is_unix(stream_), slot_})) {
     if (!is_cors_preflight(head)) add_cors_headers(host_.options, std::string(head[http::field::origin]), *refusal);

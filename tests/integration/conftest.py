@@ -130,9 +130,12 @@ def runtime_files(kg):
     """The names in a daemon's runtime dir, without the warm pool's pool-<id>.json files and the
     .pool-<id>.json.<random>.tmp they are written through (the pool refills in the background:
     those come and go on their own) and without kgate's .kgate-owner-<id>.json files (one per
-    kernel, pooled ones too, and the ..kgate-owner-<id>.json.<random>.tmp they are written through)."""
+    kernel, pooled ones too, and the ..kgate-owner-<id>.json.<random>.tmp they are written through)
+    and without the kernels' ipc sockets (<ip>-1 … -5, and -pipe, bound by the kernel a moment after
+    it is ready: test_kernel_sockets.py checks them)."""
     ignored = ("pool-", ".pool-", ".kgate-owner-", "..kgate-owner-")
-    return {n for n in os.listdir(kg.runtime_dir) if not n.startswith(ignored)}
+    return {n for n in os.listdir(kg.runtime_dir)
+            if not n.startswith(ignored) and not re.search(r"-ipc-(\d+|pipe)$", n)}
 
 
 def wait_until(pred, timeout, interval=0.05):

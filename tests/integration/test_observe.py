@@ -243,3 +243,23 @@ def test_the_page_shows_every_output_an_agents_plot_and_a_persons_html(kgate_fac
     time.sleep(1)
     assert page.evaluate("document.title") != "pwned", "a script in an HTML output ran"
     page.screenshot(artifacts_dir() / "observe-outputs.png")
+
+    # /observe?kernel=ID: the kernel as a notebook, its cells in order with their outputs, and a
+    # restart as a divider; a cell run after it shows up on its own.
+    assert kg.rest("POST", f"/api/kernels/{kid}/restart")[0] == 200
+    after = execute(kg, kid, "print('after the restart')")
+    page.navigate(f"{kg.url}/observe?token={TOKEN}&kernel={kid}")
+    page.wait_for("document.body.dataset.ready === '1'", timeout=10)
+    page.wait_for(f"(function () {{ const i = document.querySelector('.nb-cell[data-job=\"{plot['job']}\"] img');"
+                  " return !!i && i.complete && i.naturalWidth > 0; })()",
+                  timeout=5, message="the notebook does not show the agent's plot")
+    page.wait_for(f"!!document.querySelector('.nb-cell[data-job=\"{html_job}\"] iframe.out-html')", timeout=5,
+                  message="the notebook does not show the person's HTML")
+    order = page.evaluate("Array.from(document.querySelectorAll('#notebook > *')).map("
+                          "function (e) { return e.classList.contains('nb-restart') ? 'restart' : e.dataset.job; })")
+    assert order == [plot["job"], html_job, "restart", after["job"]], order
+    later = execute(kg, kid, "print('a cell the page was not loaded with')")
+    page.wait_for(f"(document.querySelector('.nb-cell[data-job=\"{later['job']}\"] pre.out-stream') || {{}})"
+                  ".textContent === 'a cell the page was not loaded with\\n'",
+                  timeout=5, message="a new cell does not appear in the open notebook")
+    page.screenshot(artifacts_dir() / "observe-notebook.png")

@@ -359,8 +359,8 @@ ToolReply Translator::execute(Call& c) {
     }
   }
   t = target(args, error);
-  if (!t) return text_reply(error, true);
-  if (!resume && t->cur.setup_pending && !finish_pending_setup(*t, error)) return text_reply(error, true);
+  if (!t) return text_reply(banner + error, true);  // a kernel this call made is named all the same
+  if (!resume && t->cur.setup_pending && !finish_pending_setup(*t, error)) return text_reply(banner + error, true);
   {
     std::lock_guard lk(calls_mu_);
     call_targets_[&c] = *t;
@@ -375,6 +375,14 @@ ToolReply Translator::execute(Call& c) {
     std::lock_guard lk(calls_mu_);
     call_jobs_.erase(&c);
     call_targets_.erase(&c);
+  }
+  if (c.cancelled && hosting_.stateless && !banner.empty()) {
+    // This call made the kernel, and its answer is not sent (the call was cancelled): no reply
+    // will ever name it, and a stateless server keeps nothing to find it by. Stopped now, not
+    // left for the idle cull.
+    t->http->request("DELETE", "api/kernels/" + t->cur.kernel, nullptr, 15s);
+    spdlog::info("kernel {}: made by a call that was cancelled before any reply named it; stopped", t->cur.kernel);
+    return text_reply(banner + "The call was cancelled; the kernel it made was stopped.", true);
   }
   if (rec.is_object() && rec.contains("kgate_mcp_input_required")) {
     // MRTR: the cell waits in input(); the client asks the user and calls again with the answer.
@@ -427,7 +435,7 @@ ToolReply Translator::execute(Call& c) {
     if (content.empty() || content_text(content).empty()) append_text(content, "(no output)");
     if (!banner.empty()) content.insert(content.begin(), text_block(banner));
   }
-  if (!still && rec.is_object() && rec["kgate_mcp_wait"].value("gateway", "") == "back")
+  if (!still && rec.is_object() && rec.contains("kgate_mcp_wait") && rec["kgate_mcp_wait"].value("gateway", "") == "back")
     append_text(content, "\n" + wait_text(rec, job, timeout));
   if (rec.is_object() && rec.contains("kgate_mcp_input_note"))
     append_text(content, "\n" + rec["kgate_mcp_input_note"].get<std::string>());
