@@ -306,3 +306,33 @@ def test_a_call_whose_client_went_away_interrupts_its_cell(kgate_factory):
     assert wait_until(lambda: job()["status"] == "interrupted", 10), job()
     assert wait_until(lambda: kg.kernel_model(kid)["execution_state"] == "idle", 10)
     kg.rest("DELETE", f"/api/kernels/{kid}")
+
+
+def test_a_kernel_made_by_a_call_whose_client_went_away_is_stopped(kgate_factory):
+    """Issue 60: a stateless call that made its kernel and was cancelled (its client went away)
+    sends no reply, so nothing will ever name that kernel: it is stopped, not left for the idle
+    cull."""
+    kg = kgate_factory(token=TOKEN)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "modern", "version": "1"}}
+    before = {k["id"] for k in kg.rest("GET", "/api/kernels")[2]}
+    code = "import time\ntime.sleep(60)  # made its own kernel"
+    body = {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+            "params": {"name": "execute", "arguments": {"code": code, "timeout": 120},
+                       "_meta": {**meta, "progressToken": "p6"}}}
+    conn = kg._connection(60)
+    conn.request("POST", "/mcp", json.dumps(body),
+                 {**JSON, "MCP-Protocol-Version": "2026-07-28", "Authorization": f"token {TOKEN}"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream", resp.status
+    assert b"notifications/progress" in resp.fp.readline() + resp.fp.readline() + resp.fp.readline()
+    made = {k["id"] for k in kg.rest("GET", "/api/kernels")[2]} - before
+    assert len(made) == 1, made
+    conn.sock.close()  # gone, with the cell running in the kernel its call made
+    conn.close()
+    assert wait_until(lambda: not (made & {k["id"] for k in kg.rest("GET", "/api/kernels")[2]}), 20), \
+        kg.log_tail()
+    # /mcp runs the translator inside kgate: its log line is kgate's.
+    assert any("made by a call that was cancelled before any reply named it; stopped" in ln for ln in kg.log_lines), \
+        kg.log_tail()
