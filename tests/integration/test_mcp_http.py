@@ -278,6 +278,18 @@ def test_stateless_progress_comes_on_an_event_stream(kgate_factory):
     kg.rest("DELETE", f"/api/kernels/{kid}")
 
 
+def open_streaming_call(kg, body):
+    """POSTs a stateless tools/call whose answer streams (its progress first); returns the
+    connection once the first progress came, for the test to drop."""
+    conn = kg._connection(60)
+    conn.request("POST", "/mcp", json.dumps(body),
+                 {**JSON, "MCP-Protocol-Version": "2026-07-28", "Authorization": f"token {TOKEN}"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream", resp.status
+    assert b"notifications/progress" in resp.fp.readline() + resp.fp.readline() + resp.fp.readline()
+    return conn
+
+
 def test_a_call_whose_client_went_away_interrupts_its_cell(kgate_factory):
     """A client that closes the connection before the reply (a timeout, a crash) will never read
     it: the call is cancelled, which interrupts its cell and frees the kernel."""
@@ -290,12 +302,7 @@ def test_a_call_whose_client_went_away_interrupts_its_cell(kgate_factory):
     body = {"jsonrpc": "2.0", "id": 5, "method": "tools/call",
             "params": {"name": "execute", "arguments": {"code": code, "kernel": kid, "timeout": 120},
                        "_meta": {**meta, "progressToken": "p5"}}}
-    conn = kg._connection(30)
-    conn.request("POST", "/mcp", json.dumps(body),
-                 {**JSON, "MCP-Protocol-Version": "2026-07-28", "Authorization": f"token {TOKEN}"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream", resp.status
-    assert b"notifications/progress" in resp.fp.readline() + resp.fp.readline() + resp.fp.readline()
+    conn = open_streaming_call(kg, body)
     conn.sock.close()  # gone, with the cell running
     conn.close()
 
@@ -321,12 +328,7 @@ def test_a_kernel_made_by_a_call_whose_client_went_away_is_stopped(kgate_factory
     body = {"jsonrpc": "2.0", "id": 6, "method": "tools/call",
             "params": {"name": "execute", "arguments": {"code": code, "timeout": 120},
                        "_meta": {**meta, "progressToken": "p6"}}}
-    conn = kg._connection(60)
-    conn.request("POST", "/mcp", json.dumps(body),
-                 {**JSON, "MCP-Protocol-Version": "2026-07-28", "Authorization": f"token {TOKEN}"})
-    resp = conn.getresponse()
-    assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream", resp.status
-    assert b"notifications/progress" in resp.fp.readline() + resp.fp.readline() + resp.fp.readline()
+    conn = open_streaming_call(kg, body)
     made = {k["id"] for k in kg.rest("GET", "/api/kernels")[2]} - before
     assert len(made) == 1, made
     conn.sock.close()  # gone, with the cell running in the kernel its call made
