@@ -174,11 +174,6 @@ std::size_t BlobStore::collect() {
   return n;
 }
 
-std::size_t BlobStore::size_of(const std::string& id) const {
-  auto it = refs_.find(id);
-  return it == refs_.end() ? 0 : it->second.size;
-}
-
 // ---------------------------------------------------------------------------------------
 // OutputStore
 
@@ -199,7 +194,14 @@ void OutputStore::release(Cell& c, Kernel& k, Out& o) {
         blobs_.release(v["kgate_blob"].get<std::string>());
       }
   c.rich_bytes -= std::min(c.rich_bytes, o.bytes);
+  memory_bytes_ -= std::min(memory_bytes_, o.held);
   o.bytes = 0;
+  o.held = 0;
+}
+
+void OutputStore::keep(Cell& c, Out o) {
+  memory_bytes_ += o.held;
+  c.outs.push_back(std::move(o));
 }
 
 void OutputStore::apply_clear(Cell& c) {
@@ -207,24 +209,27 @@ void OutputStore::apply_clear(Cell& c) {
   auto& k = kernels_[c.kernel];
   for (auto& o : c.outs) release(c, k, o);
   c.outs.clear();
-  memory_bytes_ -= std::min(memory_bytes_, c.inline_bytes);
-  c.inline_bytes = 0;
 }
 
 void OutputStore::note(Cell& c, const std::string& text) {
   Out o;
   o.kind = Out::Kind::rich;
   o.output = {{"output_type", "stream"}, {"name", "stderr"}, {"text", "[kgate] " + text + "\n"}};
-  o.bytes = 0;
-  c.inline_bytes += text.size();
-  memory_bytes_ += text.size();
-  c.outs.push_back(std::move(o));
+  o.held = text.size();
+  keep(c, std::move(o));
 }
 
-bool OutputStore::store_data(Cell& c, Kernel& k, json& data, std::size_t& bytes, std::string& why) {
-  bytes = 0;
+bool OutputStore::store_data(Cell& c, Kernel& k, json& data, std::size_t& bytes, std::size_t& held,
+                             std::string& why) {
+  bytes = held = 0;
   if (!data.is_object()) data = json::object();
-  for (auto& [mime, v] : data.items()) bytes += value_bytes(v);
+  std::size_t to_disk = 0;
+  std::vector<std::size_t> sizes;  // each value's, in the object's order
+  for (auto& [mime, v] : data.items()) {
+    sizes.push_back(value_bytes(v));
+    bytes += sizes.back();
+    (sizes.back() > limits_.inline_bytes ? to_disk : held) += sizes.back();
+  }
   if (bytes > limits_.output_bytes) {
     why = "past the limit of one output (" + human_bytes(limits_.output_bytes) + ", [records] output_bytes)";
     return false;
@@ -234,36 +239,29 @@ bool OutputStore::store_data(Cell& c, Kernel& k, json& data, std::size_t& bytes,
           ", [records] cell_output_bytes)";
     return false;
   }
-  std::size_t to_disk = 0;
-  for (auto& [mime, v] : data.items())
-    if (value_bytes(v) > limits_.inline_bytes) to_disk += value_bytes(v);
   if (k.disk + to_disk > limits_.kernel_disk_bytes) {
     why = "this kernel's outputs on disk reached their limit (" + human_bytes(limits_.kernel_disk_bytes) +
           ", [records] kernel_output_disk_bytes)";
     return false;
   }
-  std::size_t inline_now = 0;
+  std::vector<std::string> kept;  // the files put so far: given back if a later one fails
+  std::size_t i = 0;
   for (auto& [mime, v] : data.items()) {
-    const std::size_t n = value_bytes(v);
-    if (n <= limits_.inline_bytes) {
-      inline_now += n;
-      continue;
-    }
+    const std::size_t n = sizes[i++];
+    if (n <= limits_.inline_bytes) continue;
     const bool is_json = !v.is_string();
-    std::string id;
     try {
-      id = blobs_.put(is_json ? v.dump() : v.get_ref<const std::string&>());
+      kept.push_back(blobs_.put(is_json ? v.dump() : v.get_ref<const std::string&>()));
     } catch (const std::exception& e) {
+      for (const auto& id : kept) blobs_.release(id);
       why = std::string("it could not be kept on disk: ") + e.what();
       return false;
     }
-    v = json{{"kgate_blob", id}, {"bytes", n}};
+    v = json{{"kgate_blob", kept.back()}, {"bytes", n}};
     if (is_json) v["json"] = true;
   }
   k.disk += to_disk;
   c.rich_bytes += bytes;
-  c.inline_bytes += inline_now;
-  memory_bytes_ += inline_now;
   return true;
 }
 
@@ -318,20 +316,17 @@ void OutputStore::message(const std::string& kernel, std::uint64_t job, std::str
                 {"ename", content.value("ename", std::string("Error"))},
                 {"evalue", content.value("evalue", std::string())},
                 {"traceback", tb}};
-    o.bytes = 0;
-    const std::size_t n = o.output.dump().size();
-    c.inline_bytes += n;
-    memory_bytes_ += n;
-    c.outs.push_back(std::move(o));
+    o.held = o.output.dump().size();
+    keep(c, std::move(o));
     return;
   }
   json data = content.contains("data") ? std::move(content["data"]) : json::object();
   json metadata = content.contains("metadata") ? std::move(content["metadata"]) : json::object();
   if (!metadata.is_object()) metadata = json::object();
-  std::size_t bytes = 0;
+  std::size_t bytes = 0, held = 0;
   std::string why;
   const std::string mimes = mime_list(data);
-  if (!store_data(c, k, data, bytes, why)) {
+  if (!store_data(c, k, data, bytes, held, why)) {
     if (why.find("one cell's") != std::string::npos) {
       if (!c.cell_note) note(c, "The outputs that followed were not kept: " + why + ".");
       c.cell_note = true;
@@ -346,9 +341,10 @@ void OutputStore::message(const std::string& kernel, std::uint64_t job, std::str
     o.output["execution_count"] = ec != content.end() && ec->is_number_integer() ? *ec : json(nullptr);
   }
   o.bytes = bytes;
+  o.held = held;
   o.display_id = display_id();
   if (!o.display_id.empty()) k.displays[o.display_id].insert(job);
-  c.outs.push_back(std::move(o));
+  keep(c, std::move(o));
 }
 
 void OutputStore::update_display(const std::string& kernel, const std::string& display_id, const json& content) {
@@ -363,14 +359,15 @@ void OutputStore::update_display(const std::string& kernel, const std::string& d
     for (auto& o : c.outs) {
       if (o.kind != Out::Kind::rich || o.display_id != display_id) continue;
       json data = content.value("data", json::object());
-      std::size_t bytes = 0;
+      std::size_t bytes = 0, held = 0;
       std::string why;
       // The old value's place is given back first, so an update the same size always fits.
       release(c, kit->second, o);
-      if (!store_data(c, kit->second, data, bytes, why)) {
-        o.output = {{"output_type", "stream"}, {"name", "stderr"},
-                    {"text", "[kgate] An update of this display (" + human_bytes(bytes) + ") was not kept: " + why + ".\n"}};
-        o.bytes = 0;
+      if (!store_data(c, kit->second, data, bytes, held, why)) {
+        const std::string text = "[kgate] An update of this display (" + human_bytes(bytes) + ") was not kept: " + why + ".\n";
+        o.output = {{"output_type", "stream"}, {"name", "stderr"}, {"text", text}};
+        o.held = text.size();
+        memory_bytes_ += o.held;
         o.display_id.clear();
         continue;
       }
@@ -378,6 +375,8 @@ void OutputStore::update_display(const std::string& kernel, const std::string& d
       json metadata = content.value("metadata", json::object());
       o.output["metadata"] = metadata.is_object() ? metadata : json::object();
       o.bytes = bytes;
+      o.held = held;
+      memory_bytes_ += held;
     }
   }
 }
@@ -471,8 +470,9 @@ void OutputStore::load(const std::string& kernel, std::uint64_t job, const json&
         else v = "[kgate] this value's file is gone";
       }
     c.rich_bytes += o.bytes;
+    o.held = o.output.dump().size();  // its small values (and the files' ids)
     if (!o.display_id.empty()) k.displays[o.display_id].insert(job);
-    c.outs.push_back(std::move(o));
+    keep(c, std::move(o));
   }
 }
 
@@ -489,7 +489,6 @@ void OutputStore::drop(std::uint64_t job) {
         if (d->second.empty()) k.displays.erase(d);
       }
   }
-  memory_bytes_ -= std::min(memory_bytes_, c.inline_bytes);
   cells_.erase(it);
 }
 

@@ -53,7 +53,6 @@ class BlobStore {
   std::optional<std::string> get(const std::string& id) const;
   // One reference less; the value (its file) goes with the last.
   void release(const std::string& id);
-  std::size_t size_of(const std::string& id) const;
   // Removes the folder's files no reference holds (and unfinished writes); returns how many.
   std::size_t collect();
   std::size_t count() const { return refs_.size(); }
@@ -108,13 +107,13 @@ class OutputStore {
     json output;                   // rich: the nbformat output, big values as {"kgate_blob": id}
     std::string display_id;
     std::size_t bytes = 0;         // rich: its data's bytes, files included
+    std::size_t held = 0;          // rich: what of it is kept in memory (memory_bytes)
   };
   struct Cell {
     std::string kernel;
     std::vector<Out> outs;
     bool clear_pending = false;    // clear_output(wait=True): cleared at the next output
     std::size_t rich_bytes = 0;
-    std::size_t inline_bytes = 0;
     bool cell_note = false;        // the per-cell limit's note is in
   };
   struct Kernel {
@@ -125,9 +124,11 @@ class OutputStore {
 
   Cell& cell(const std::string& kernel, std::uint64_t job);
   void apply_clear(Cell& c);
-  // The output's big values into files (counted against the kernel's disk); false with `why`
-  // when a limit stops it.
-  bool store_data(Cell& c, Kernel& k, json& data, std::size_t& bytes, std::string& why);
+  // The output's big values into files (counted against the kernel's disk); `bytes` its data's
+  // size, `held` what stays in memory. False with `why` when a limit stops it (no file is kept).
+  bool store_data(Cell& c, Kernel& k, json& data, std::size_t& bytes, std::size_t& held, std::string& why);
+  // Adds `o` to the cell, counting what it holds in memory.
+  void keep(Cell& c, Out o);
   // Gives back what `o` holds: its files, its bytes in the cell's and the kernel's counts.
   void release(Cell& c, Kernel& k, Out& o);
   void note(Cell& c, const std::string& text);

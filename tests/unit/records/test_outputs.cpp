@@ -163,6 +163,23 @@ TEST(OutputStore, EveryLimitLeavesANote) {
 
 // What a record on disk keeps of its outputs, read back by a later kgate: the same outputs, the
 // files held again, and the files no record names removed.
+// What the outputs hold in memory (counted against the records' budget) follows them: an
+// updated display counts once however often it is updated, and a dropped job gives all back.
+TEST(OutputStore, MemoryFollowsUpdatesClearsAndDrops) {
+  OutputStore s;
+  s.message("k", 1, "display_data", display({{"text/plain", "0%"}}, "bar"));
+  const std::size_t one = s.memory_bytes();
+  EXPECT_GT(one, 0u);
+  for (int i = 0; i < 1000; ++i) s.message("k", 1, "update_display_data", display({{"text/plain", "5%"}}, "bar"));
+  EXPECT_EQ(s.memory_bytes(), one);
+  s.message("k", 1, "error", {{"ename", "E"}, {"evalue", "v"}, {"traceback", json::array()}});
+  s.message("k", 1, "clear_output", {{"wait", false}});
+  EXPECT_EQ(s.memory_bytes(), 0u);
+  s.message("k", 2, "display_data", display({{"text/plain", "x"}}));
+  s.drop(2);
+  EXPECT_EQ(s.memory_bytes(), 0u);
+}
+
 TEST(OutputStore, SavedAndLoadedByALaterKgate) {
   TempDir dir{"kgate-outputs"};
   OutputLimits lim;
